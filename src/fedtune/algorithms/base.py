@@ -1,0 +1,82 @@
+"""The Algorithm contract: one subclass per method, registered by name."""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel
+
+from fedtune.config import ExperimentConfig
+from fedtune.eval.evaluate import EvalResult
+from fedtune.fl.federation import ClientTask, Federation, ServerContext
+from fedtune.fl.payload import Payload
+
+
+class RoundFailed(RuntimeError):
+    """Too few clients replied for the round to count."""
+
+
+@dataclass
+class RoundResult:
+    clients: list[str]
+    train_loss: float | None
+    num_examples: int
+    tokens: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """A federated method: client tasks plus the server's side of each round."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def section(self) -> Any:
+        """This algorithm's own config section (``cfg.<name>``)."""
+        return getattr(self.cfg, self.name)
+
+    @abstractmethod
+    def client_tasks(self) -> dict[str, ClientTask]: ...
+
+    @abstractmethod
+    def setup(self, server: ServerContext) -> None: ...
+
+    @abstractmethod
+    def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult: ...
+
+    @abstractmethod
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult: ...
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def clients_per_round(self, fed: Federation) -> int:
+        fed_cfg = self.cfg.fed
+        total = len(fed.client_ids())
+        k = fed_cfg.clients_per_round or max(1, round(fed_cfg.fraction * total))
+        return min(k, total)
+
+    def require_replies(self, replies: Mapping[str, Payload], sampled: list[str]) -> None:
+        needed = min(self.cfg.fed.min_replies, len(sampled))
+        if len(replies) < needed:
+            raise RoundFailed(
+                f"only {len(replies)} of {len(sampled)} sampled clients replied; fed.min_replies = {needed}"
+            )
+
+
+def derive_seed(seed: int, *parts: int | str) -> int:
+    """A 31-bit seed that is a pure function of the run seed and e.g. (round, client id)."""
+    words = [seed] + [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)

@@ -1,0 +1,64 @@
+"""Load what a run produced (base model + final adapter) for evaluation and generation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedtune.config import ExperimentConfig, load_run_config
+from fedtune.data.records import Record
+from fedtune.data.templates import build_prompt
+from fedtune.eval.evaluate import EvalResult, evaluate_lm
+
+
+def load_final_model(run_dir: Path) -> tuple[Any, Any, ExperimentConfig]:
+    """(model with the final adapter, tokenizer, run config); a clear error if the run has none."""
+    from peft import PeftModel
+
+    from fedtune.models.loading import load_causal_lm
+
+    cfg = load_run_config(run_dir)
+    adapter_dir = run_dir / "artifacts" / "adapter"
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)")
+    model, tokenizer = load_causal_lm(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
+                                      gguf_file=cfg.model.gguf_file, seed=cfg.seed)
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    return model, tokenizer, cfg
+
+
+def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | None = None) -> EvalResult:
+    from fedtune.runner import prepare_data
+
+    model, tokenizer, cfg = load_final_model(run_dir)
+    updates: dict[str, Any] = {}
+    if split:
+        cfg.data.eval_split = split
+    if max_examples:
+        cfg.eval.max_examples = max_examples
+    data = prepare_data(cfg)
+    result = evaluate_lm(model, tokenizer, data.eval_records, cfg.eval, template=cfg.data.template,
+                         max_length=cfg.data.max_length, seed=cfg.seed)
+    updates = {"split": cfg.data.eval_split, "examples": len(data.eval_records), "metrics": result.metrics,
+               "by_category": result.by_category, "samples": result.samples}
+    (run_dir / "eval.json").write_text(json.dumps(updates, indent=1))
+    return result
+
+
+def generate_from_run(
+    run_dir: Path,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    raw: bool = False,
+) -> list[str]:
+    from fedtune.decode.generate import generate_texts
+
+    model, tokenizer, cfg = load_final_model(run_dir)
+    texts = prompts if raw else [build_prompt(Record(p, "-"), cfg.data.template, tokenizer) for p in prompts]
+    return generate_texts(model, tokenizer, texts, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, seed=seed)

@@ -1,0 +1,278 @@
+"""The ``fedtune`` command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(
+    help="Federated fine-tuning of large language models when clients cannot hold the large model.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="The offline model zoo.", no_args_is_help=True)
+data_app = typer.Typer(help="Built-in datasets and partitions.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(data_app, name="data")
+
+console = Console(stderr=True)
+out = Console()
+
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError, FileExistsError)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    for noisy in ("httpx", "urllib3", "datasets", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+
+
+def _fail(exc: BaseException) -> None:
+    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code=2)
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    _setup_logging(verbose)
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. fed.rounds=5")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="default runs/<name>")] = None,
+    backend: Annotated[str, typer.Option(help="simulation (in-process)")] = "simulation",
+) -> None:
+    """Run an experiment: config + overrides -> metrics, checkpoints and artifacts in the run directory."""
+    from fedtune.config import load_config
+    from fedtune.runner import run_experiment
+
+    try:
+        cfg = load_config(config, overrides or [])
+        if backend != "simulation":
+            raise ValueError(f"unknown backend {backend!r}; available: simulation")
+        run_dir = output_dir or cfg.run_dir()
+        console.print(f"run [bold]{cfg.name}[/] ({cfg.algorithm}) -> {run_dir}")
+        run_experiment(cfg, run_dir, console=console)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    console.print(f"done: {run_dir}/metrics.jsonl; `fedtune report {run_dir}` for plots")
+
+
+@app.command()
+def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Continue a run from its last complete round."""
+    from fedtune.runner import resume_experiment
+
+    try:
+        resume_experiment(run_dir, console=console)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+
+
+def _final_model(run_dir: Path) -> tuple[Any, Any, Any]:
+    from fedtune.artifacts import load_final_model
+
+    return load_final_model(run_dir)
+
+
+@app.command("eval")
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    split: Annotated[str | None, typer.Option(help="dataset split (default: the run's eval split)")] = None,
+    max_examples: Annotated[int | None, typer.Option(help="evaluate on at most N examples")] = None,
+) -> None:
+    """Evaluate the final model of a run; writes eval.json in the run directory."""
+    from fedtune.artifacts import evaluate_run
+
+    try:
+        result = evaluate_run(run_dir, split=split, max_examples=max_examples)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    table = Table(title=f"{run_dir}: final model")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for metric, value in result.metrics.items():
+        table.add_row(metric, f"{value:.4f}")
+    out.print(table)
+
+
+@app.command()
+def generate(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="instruction text (repeatable)")],
+    max_new_tokens: Annotated[int, typer.Option(help="tokens to generate")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    raw: Annotated[bool, typer.Option(help="send the prompt as is, without the run's template")] = False,
+) -> None:
+    """Generate with the final model of a run (the run's prompt template is applied)."""
+    from fedtune.artifacts import generate_from_run
+
+    try:
+        texts = generate_from_run(
+            run_dir, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            seed=seed, raw=raw,
+        )
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    for question, answer in zip(prompt, texts, strict=True):
+        out.print(f"[bold]>>> {question}[/]\n{answer}\n")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    compare: Annotated[list[Path] | None, typer.Option(help="other run directories to compare")] = None,
+) -> None:
+    """Write report.md and plots/ (learning curves, per-category scores, bytes per round)."""
+    from fedtune.report import write_report
+
+    try:
+        path = write_report(run_dir, compare=compare or None)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    out.print(f"wrote {path}")
+
+
+@app.command()
+def bench(
+    name: Annotated[str, typer.Argument(help="benchmark id, e.g. p3 or p4")],
+    args: Annotated[list[str] | None, typer.Argument(help="arguments passed to the benchmark")] = None,
+) -> None:
+    """Run a benchmark script from bench/ (writes bench/results/<name>.json)."""
+    import runpy
+
+    script = Path("bench") / f"{name.lower()}.py"
+    if not script.is_file():
+        scripts = sorted(p.stem for p in Path("bench").glob("p*.py"))
+        _fail(FileNotFoundError(f"no benchmark {script}; available: {', '.join(scripts) or 'none'}"))
+    sys.argv = [str(script), *(args or [])]
+    runpy.run_path(str(script), run_name="__main__")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The offline zoo: name, size, where it is cached."""
+    from fedtune.models.zoo import zoo_table
+
+    rows = zoo_table()
+    table = Table(title="fedtune model zoo")
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    out.print(table)
+
+
+@models_app.command("fetch")
+def models_fetch(name: Annotated[str, typer.Argument(help="zoo name")]) -> None:
+    """Download, verify (sha256) and convert a zoo model once into the cache."""
+    from fedtune.models.zoo import fetch
+
+    try:
+        path = fetch(name)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    out.print(str(path))
+
+
+@models_app.command("path")
+def models_path(name: Annotated[str, typer.Argument(help="zoo name")]) -> None:
+    """Print where a zoo model is cached (exit 1 if not fetched yet)."""
+    from fedtune.models.zoo import get_entry, zoo_path
+
+    try:
+        get_entry(name)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    path = zoo_path(name)
+    if path is None:
+        console.print(f"{name} is not fetched yet: run `fedtune models fetch {name}`")
+        raise typer.Exit(code=1)
+    out.print(str(path))
+
+
+@data_app.command("list")
+def data_list() -> None:
+    """The built-in datasets."""
+    from fedtune.data.builtin import list_builtin
+
+    table = Table(title="built-in datasets")
+    for column in ("name", "task", "categories", "splits", "description"):
+        table.add_column(column)
+    for info in list_builtin():
+        splits = ", ".join(f"{k} {v}" for k, v in info.splits.items())
+        table.add_row(info.name, info.task, str(len(info.categories)), splits, info.description)
+    out.print(table)
+
+
+@data_app.command("show")
+def data_show(
+    name: Annotated[str, typer.Argument(help="built-in dataset")],
+    split: Annotated[str, typer.Option(help="split")] = "train",
+    n: Annotated[int, typer.Option(help="examples to show")] = 3,
+    category: Annotated[str | None, typer.Option(help="only this category")] = None,
+) -> None:
+    """Describe a built-in dataset and print a few examples."""
+    from fedtune.data.builtin import builtin_info, load_builtin
+
+    try:
+        info = builtin_info(name)
+        records = load_builtin(name, split)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    out.print(f"[bold]{info.name}[/] ({info.task}): {info.description}")
+    out.print(f"splits: {info.splits}\ncategories: {', '.join(info.categories)}\nlicence: {info.licence}\n")
+    shown = [r for r in records if category is None or r.category == category][:n]
+    for rec in shown:
+        out.print(json.dumps(rec.to_dict(), ensure_ascii=False, indent=1))
+
+
+@data_app.command("stats")
+def data_stats(
+    config: Annotated[Path, typer.Argument(help="experiment YAML")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides")] = None,
+    plot: Annotated[Path | None, typer.Option(help="where to save the plot")] = None,
+) -> None:
+    """The per-client x category table of a config's partition, printed and saved as a plot."""
+    from fedtune.config import load_config
+    from fedtune.data.partition import category_counts
+    from fedtune.report import partition_table, plot_partition
+    from fedtune.runner import prepare_data
+
+    try:
+        cfg = load_config(config, overrides or [])
+        data = prepare_data(cfg)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    counts = category_counts(data.clients)
+    out.print(partition_table(counts))
+    target = plot or Path(f"{cfg.name}-partition.png")
+    part = cfg.data.partition
+    plot_partition(counts, target, f"{cfg.data.dataset}: {part.scheme} over {len(counts)} clients")
+    out.print(f"plot: {target}")

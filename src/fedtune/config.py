@@ -1,0 +1,230 @@
+"""The experiment config: one validated schema, YAML files plus dotted ``key=value`` overrides.
+
+Unknown keys are errors with a "did you mean"; wrong types name the full dotted key.
+Each algorithm has its own section (``fedit:`` ...); ``algorithm:`` picks which one runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the file and the dotted key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str = "smollm2-135m-instruct"
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    device: str = "auto"
+    gguf_file: str | None = None
+    cache_dir: str | None = None
+
+
+class LoraConfig(Section):
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["auto"] = "auto"
+
+
+class PartitionConfig(Section):
+    scheme: Literal["iid", "dirichlet", "pathological", "natural"] = "iid"
+    num_clients: int = Field(4, ge=1)
+    by: str = "category"
+    alpha: float = Field(0.5, gt=0)
+    classes_per_client: int = Field(2, ge=1)
+    min_partition_size: int = Field(1, ge=0)
+
+
+class DataConfig(Section):
+    dataset: str = "wordnet-instruct"
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "hf"] = "auto"
+    schema_: Literal["auto", "alpaca", "dolly"] = Field("auto", alias="schema")
+    template: Literal["alpaca", "chat", "plain"] = "alpaca"
+    max_length: int = Field(256, ge=8)
+    max_train_examples: int | None = Field(None, ge=1)
+    eval_dataset: str | None = None
+    eval_split: str = "test"
+    length_bucketing: bool = True
+    partition: PartitionConfig = PartitionConfig()
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class TrainConfig(Section):
+    optimizer: Literal["adamw", "sgd", "prodigy"] = "adamw"
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = Field(0.0, ge=0)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    local_epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    schedule_scope: Literal["round", "global"] = "round"
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    clip_norm: float | None = Field(1.0, gt=0)
+
+
+class FedConfig(Section):
+    mode: Literal["federated", "standalone", "centralized"] = "federated"
+    rounds: int = Field(3, ge=1)
+    clients_per_round: int | None = Field(None, ge=1)
+    fraction: float = Field(1.0, gt=0, le=1)
+    min_replies: int = Field(1, ge=1)
+    client_timeout: float | None = Field(None, gt=0)
+    norm_bound: float | None = Field(None, gt=0)
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class EvalConfig(Section):
+    metrics: list[Literal["rougeL", "perplexity", "dist3", "dist4", "exact_match", "numeric_accuracy"]] = [
+        "rougeL",
+        "perplexity",
+    ]
+    every: int = Field(1, ge=1)
+    before: bool = True
+    max_examples: int | None = Field(32, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    batch_size: int = Field(8, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class FedITConfig(Section):
+    """FedIT = FedAvg of LoRA states weighted by example count; FedProx when ``prox_mu > 0``."""
+
+    prox_mu: float = Field(0.0, ge=0)
+    server_lr: float = Field(1.0, gt=0)
+
+
+class ExperimentConfig(Section):
+    name: str = "experiment"
+    seed: int = 0
+    algorithm: str = "fedit"
+    output_dir: str | None = None
+    progress: bool = True
+    model: ModelConfig = ModelConfig()
+    lora: LoraConfig = LoraConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    fed: FedConfig = FedConfig()
+    eval: EvalConfig = EvalConfig()
+    fedit: FedITConfig = FedITConfig()
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> ExperimentConfig:
+        from fedtune.algorithms.registry import algorithm_names
+
+        if self.algorithm not in algorithm_names():
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {algorithm_names()}")
+        if self.fed.min_replies > self.data.partition.num_clients:
+            raise ValueError("fed.min_replies is larger than data.partition.num_clients")
+        return self
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        keys.append(key)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(_known_keys(annotation, key + "."))
+    return keys
+
+
+def _describe(error: Any, source: str) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "<root>"
+    if error["type"] == "extra_forbidden":
+        suggestion = difflib.get_close_matches(key, _known_keys(ExperimentConfig), n=1, cutoff=0.6)
+        hint = f" (did you mean '{suggestion[0]}'?)" if suggestion else ""
+        return f"{source}: unknown config key '{key}'{hint}"
+    got = error.get("input")
+    shown = "" if isinstance(got, dict) else f", got {got!r}"
+    return f"{source}: config key '{key}': {error['msg']}{shown}"
+
+
+def validate_config(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, source) for err in exc.errors())) from None
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    key, _, text = override.partition("=")
+    if not key.strip():
+        raise ConfigError(f"override {override!r} has an empty key")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for override in overrides:
+        path, value = parse_override(override)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {override!r}: '{part}' is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config, apply ``key=value`` overrides, validate everything."""
+    path = Path(path)
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    return validate_config(raw, source=str(path))
+
+
+def dump_config(cfg: ExperimentConfig, path: Path, extra: dict[str, Any] | None = None) -> None:
+    data = cfg.to_yaml_dict()
+    if extra:
+        data["_run"] = extra
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def load_run_config(run_dir: Path) -> ExperimentConfig:
+    raw = read_yaml(run_dir / "config.yaml")
+    raw.pop("_run", None)
+    return validate_config(raw, source=str(run_dir / "config.yaml"))

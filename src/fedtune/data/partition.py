@@ -1,0 +1,102 @@
+"""Split training records over clients with flwr-datasets partitioners.
+
+Schemes: ``iid`` (shuffled equal shards), ``dirichlet`` (Dir(alpha) over the ``by`` field, e.g.
+category), ``pathological`` (each client gets ``classes_per_client`` values of ``by``) and
+``natural`` (one client per distinct value of ``by``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import datasets
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+)
+
+from fedtune.data.records import DataError, Record
+
+_INDEX = "_row"
+
+
+def client_id(index: int) -> str:
+    return f"c{index:02d}" if index < 100 else f"c{index}"
+
+
+def _partitioner(
+    scheme: str, num_clients: int, by: str, alpha: float, classes_per_client: int, min_size: int, seed: int
+) -> Partitioner:
+    if scheme == "iid":
+        return IidPartitioner(num_partitions=num_clients)
+    if scheme == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=num_clients,
+            partition_by=by,
+            alpha=alpha,
+            min_partition_size=min_size,
+            self_balancing=False,
+            seed=seed,
+        )
+    if scheme == "pathological":
+        return PathologicalPartitioner(
+            num_partitions=num_clients,
+            partition_by=by,
+            num_classes_per_partition=classes_per_client,
+            class_assignment_mode="first-deterministic",
+            seed=seed,
+        )
+    if scheme == "natural":
+        return NaturalIdPartitioner(partition_by=by)
+    raise DataError(f"unknown partition scheme {scheme!r}; choose iid, dirichlet, pathological or natural")
+
+
+def partition_records(
+    records: Sequence[Record],
+    *,
+    scheme: str,
+    num_clients: int,
+    by: str = "category",
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
+    min_partition_size: int = 1,
+    seed: int = 0,
+) -> dict[str, list[Record]]:
+    """Client id -> its records. Deterministic for a given seed; every client gets >= 1 record."""
+    if not records:
+        raise DataError("cannot partition an empty training set")
+    if by not in Record.__dataclass_fields__:
+        raise DataError(f"data.partition.by: records have no field {by!r}")
+    table = datasets.Dataset.from_dict(
+        {_INDEX: list(range(len(records))), by: [str(getattr(rec, by)) for rec in records]}
+    )
+    if scheme == "iid":
+        table = table.shuffle(seed=seed)
+    values = len(set(table[by]))
+    if scheme == "pathological" and classes_per_client > values:
+        raise DataError(
+            f"data.partition.classes_per_client={classes_per_client} but the data has only {values} "
+            f"distinct '{by}' values"
+        )
+    partitioner = _partitioner(scheme, num_clients, by, alpha, classes_per_client, min_partition_size, seed)
+    partitioner.dataset = table
+    parts: dict[str, list[Record]] = {}
+    for index in range(partitioner.num_partitions):
+        rows = partitioner.load_partition(index)[_INDEX]
+        parts[client_id(index)] = [records[i] for i in sorted(rows)]
+    empty = [cid for cid, part in parts.items() if not part]
+    if empty:
+        raise DataError(
+            f"partition scheme {scheme!r} left clients {', '.join(empty)} without data; "
+            "use fewer clients, more data or another scheme"
+        )
+    return parts
+
+
+def category_counts(parts: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
+    """Client id -> category -> number of records (the partition table)."""
+    return {cid: dict(sorted(Counter(rec.category for rec in part).items())) for cid, part in parts.items()}

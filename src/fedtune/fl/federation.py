@@ -1,0 +1,115 @@
+"""The Federation contract (how the server talks to clients) and the contexts tasks run in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from fedtune.data.records import Record
+from fedtune.fl.payload import Payload
+from fedtune.fl.validation import ReplySpec
+
+if TYPE_CHECKING:
+    from fedtune.config import ExperimentConfig
+    from fedtune.resources import Resources
+
+
+class StepReporter(Protocol):
+    def __call__(self, step: int, total: int, loss: float | None) -> None: ...
+
+
+def no_report(step: int, total: int, loss: float | None) -> None:
+    return None
+
+
+@dataclass
+class ClientContext:
+    """Everything a client task may use. ``data`` never leaves the client; ``state`` persists."""
+
+    client_id: str
+    cfg: ExperimentConfig
+    data: list[Record]
+    resources: Resources
+    state: dict[str, Any]
+    workdir: Path
+    rnd: int = 0
+    report: StepReporter = no_report
+
+
+ClientTask = Callable[[ClientContext, Payload], Payload]
+
+
+@dataclass
+class ServerContext:
+    cfg: ExperimentConfig
+    resources: Resources
+    eval_records: list[Record]
+    public_records: list[Record]
+    run_dir: Path
+    client_sizes: dict[str, int] = field(default_factory=dict)
+    report: StepReporter = no_report
+
+
+@dataclass
+class Traffic:
+    """Bytes per client in one round; rejected replies still count (they crossed the wire)."""
+
+    down: dict[str, int] = field(default_factory=dict)
+    up: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    client_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, kind: str, client: str, amount: float) -> None:
+        book: dict[str, Any] = getattr(self, kind)
+        book[client] = book.get(client, 0) + amount
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(self.down.values())
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(self.up.values())
+
+
+class Federation(Protocol):
+    traffic: Traffic
+
+    def client_ids(self) -> list[str]: ...
+
+    def sample(self, k: int, rnd: int) -> list[str]: ...
+
+    def call(
+        self,
+        clients: list[str],
+        task: str,
+        payload: Payload | Mapping[str, Payload],
+        timeout: float | None = None,
+        expect: ReplySpec | None = None,
+    ) -> dict[str, Payload]: ...
+
+    def begin_round(self, rnd: int) -> None: ...
+
+
+def seeded_sample(client_ids: list[str], k: int, seed: int, rnd: int) -> list[str]:
+    """k distinct clients, a pure function of (seed, round) so that resume samples the same ones."""
+    if k >= len(client_ids):
+        return list(client_ids)
+    rng = np.random.default_rng([seed, rnd, 0x5A])
+    chosen = rng.choice(len(client_ids), size=k, replace=False)
+    return [client_ids[i] for i in sorted(chosen.tolist())]
+
+
+def per_client_payload(payload: Payload | Mapping[str, Payload], client: str, clients: list[str]) -> Payload:
+    """A broadcast payload, or the client's own entry of a per-client mapping."""
+    if payload and set(payload) <= set(clients) and all(isinstance(v, dict) for v in payload.values()):
+        own = payload.get(client)
+        if not isinstance(own, dict):
+            raise KeyError(f"no payload for client {client}")
+        return own
+    return payload  # type: ignore[return-value]

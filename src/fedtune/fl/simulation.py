@@ -1,0 +1,140 @@
+"""In-process simulation: clients are called one after another inside the server process.
+
+Base models live once in the shared ``Resources``; each client's trainable state lives in its
+own ``state`` dict and is swapped into the shared model by the task itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedtune.data.records import Record
+from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
+from fedtune.fl.payload import Payload, PayloadError, check_payload, payload_nbytes
+from fedtune.fl.validation import ReplyRejected, ReplySpec, validate_reply
+
+if TYPE_CHECKING:
+    from fedtune.config import ExperimentConfig
+    from fedtune.fl.federation import StepReporter
+    from fedtune.resources import Resources
+
+log = logging.getLogger("fedtune.fl")
+
+ClientHook = Callable[[str, str, int], None]
+ReplyHook = Callable[[str, str, int, Payload], Payload]
+
+
+class InProcessFederation:
+    """The simulation backend of the Federation contract."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        tasks: Mapping[str, ClientTask],
+        client_data: Mapping[str, list[Record]],
+        resources: Resources,
+        workdir: Path,
+        reporter: Callable[[str], StepReporter] | None = None,
+        before_task: ClientHook | None = None,
+        after_task: ReplyHook | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.tasks = dict(tasks)
+        self.client_data = dict(client_data)
+        self.resources = resources
+        self.workdir = workdir
+        self.states: dict[str, dict[str, Any]] = {cid: {} for cid in client_data}
+        self.traffic = Traffic()
+        self.rnd = 0
+        self._reporter = reporter
+        # Test hooks: raising from before_task simulates a crashed client; after_task sees (and may
+        # tamper with) every reply before it crosses the wire.
+        self.before_task = before_task
+        self.after_task = after_task
+
+    def client_ids(self) -> list[str]:
+        return list(self.client_data)
+
+    def sample(self, k: int, rnd: int) -> list[str]:
+        return seeded_sample(self.client_ids(), k, self.cfg.seed, rnd)
+
+    def begin_round(self, rnd: int) -> None:
+        self.rnd = rnd
+        self.traffic = Traffic()
+
+    def _context(self, client: str) -> ClientContext:
+        report = self._reporter(client) if self._reporter else None
+        ctx = ClientContext(
+            client_id=client,
+            cfg=self.cfg,
+            data=self.client_data[client],
+            resources=self.resources,
+            state=self.states[client],
+            workdir=self.workdir / "clients" / client,
+            rnd=self.rnd,
+        )
+        if report is not None:
+            ctx.report = report
+        return ctx
+
+    def call(
+        self,
+        clients: list[str],
+        task: str,
+        payload: Payload | Mapping[str, Payload],
+        timeout: float | None = None,
+        expect: ReplySpec | None = None,
+    ) -> dict[str, Payload]:
+        if task not in self.tasks:
+            raise KeyError(f"unknown client task {task!r}; registered: {sorted(self.tasks)}")
+        replies: dict[str, Payload] = {}
+        for client in clients:
+            message = per_client_payload(payload, client, clients)
+            self.traffic.add("down", client, payload_nbytes(message))
+            reply = self._run_one(client, task, message, timeout)
+            if reply is None:
+                continue
+            self.traffic.add("up", client, payload_nbytes(reply))
+            try:
+                replies[client] = validate_reply(reply, expect) if expect else reply
+            except ReplyRejected as exc:
+                self.traffic.rejected[client] = str(exc)
+                log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
+        return replies
+
+    def _run_one(self, client: str, task: str, message: Payload, timeout: float | None) -> Payload | None:
+        start = time.perf_counter()
+        try:
+            if self.before_task is not None:
+                self.before_task(client, task, self.rnd)
+            reply = self.tasks[task](self._context(client), message)
+            if self.after_task is not None:
+                reply = self.after_task(client, task, self.rnd, reply)
+            reply = check_payload(reply, f"client {client}")
+        except PayloadError as exc:
+            self.traffic.rejected[client] = str(exc)
+            log.warning("round %d: client %s sent a malformed reply: %s", self.rnd, client, exc)
+            return None
+        except Exception as exc:
+            self.traffic.failed[client] = f"{type(exc).__name__}: {exc}"
+            log.warning("round %d: client %s failed in task %s: %s", self.rnd, client, task, exc)
+            return None
+        finally:
+            self.traffic.add("client_seconds", client, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if timeout is not None and elapsed > timeout:
+            self.traffic.failed[client] = f"late: {elapsed:.1f}s > timeout {timeout:.1f}s"
+            return None
+        return reply
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clients": self.states}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = state.get("clients", {})
+        for cid in self.states:
+            self.states[cid] = dict(saved.get(cid, {}))

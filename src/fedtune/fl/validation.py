@@ -1,0 +1,101 @@
+"""Reply validation: every client reply is checked before it may be aggregated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedtune.fl.payload import Payload, PayloadError, check_payload
+
+
+class ReplyRejected(ValueError):
+    """A client reply failed validation; the message is the reason that gets logged."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """What a valid reply looks like.
+
+    ``arrays`` must all be present with these shapes and dtypes (no extra arrays allowed),
+    ``scalars`` maps required scalar keys to their types, ``norm_bound`` bounds the L2 norm
+    of ``array - reference`` over all arrays (the update size) when a reference is given.
+    """
+
+    arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
+    scalars: Mapping[str, type] = field(default_factory=dict)
+    norm_bound: float | None = None
+    reference: Mapping[str, np.ndarray] | None = None
+    allow_extra: bool = False
+
+    @classmethod
+    def like(
+        cls,
+        template: Mapping[str, np.ndarray],
+        scalars: Mapping[str, type] | None = None,
+        norm_bound: float | None = None,
+        reference: bool = True,
+    ) -> ReplySpec:
+        """A spec for replies shaped like ``template`` (e.g. the state the server sent)."""
+        specs = {key: ArraySpec(tuple(value.shape), str(value.dtype)) for key, value in template.items()}
+        return cls(specs, dict(scalars or {}), norm_bound, dict(template) if reference else None)
+
+
+def _check_scalar(reply: Payload, key: str, kind: type) -> None:
+    if key not in reply:
+        raise ReplyRejected(f"missing scalar '{key}'")
+    value = reply[key]
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ReplyRejected(f"scalar '{key}' must be {kind.__name__}, got {type(value).__name__}")
+    if isinstance(value, float) and not np.isfinite(value):
+        raise ReplyRejected(f"scalar '{key}' is not finite ({value})")
+
+
+def _check_array(key: str, value: object, spec: ArraySpec) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise ReplyRejected(f"'{key}' must be an array, got {type(value).__name__}")
+    if tuple(value.shape) != spec.shape:
+        raise ReplyRejected(f"'{key}' has shape {tuple(value.shape)}, expected {spec.shape}")
+    if str(value.dtype) != spec.dtype:
+        raise ReplyRejected(f"'{key}' has dtype {value.dtype}, expected {spec.dtype}")
+    if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+        raise ReplyRejected(f"'{key}' contains NaN or Inf")
+    return value
+
+
+def validate_reply(reply: object, spec: ReplySpec) -> Payload:
+    """Return the reply if it satisfies ``spec``; raise ReplyRejected naming the first problem."""
+    try:
+        payload = check_payload(reply, "reply")
+    except PayloadError as exc:
+        raise ReplyRejected(str(exc)) from None
+    for key, kind in spec.scalars.items():
+        _check_scalar(payload, key, kind)
+    missing = sorted(set(spec.arrays) - set(payload))
+    if missing:
+        raise ReplyRejected(f"missing arrays: {', '.join(missing[:5])}")
+    if not spec.allow_extra:
+        extra = sorted(k for k, v in payload.items() if isinstance(v, np.ndarray) and k not in spec.arrays)
+        if extra:
+            raise ReplyRejected(f"unexpected arrays: {', '.join(extra[:5])}")
+    squared = 0.0
+    for key, array_spec in spec.arrays.items():
+        value = _check_array(key, payload[key], array_spec)
+        if spec.reference is not None and key in spec.reference:
+            delta = value.astype(np.float64) - spec.reference[key].astype(np.float64)
+            squared += float(np.sum(delta * delta))
+    if spec.norm_bound is not None and spec.reference is not None:
+        norm = squared**0.5
+        if norm > spec.norm_bound:
+            raise ReplyRejected(f"update norm {norm:.4g} exceeds the bound {spec.norm_bound:.4g}")
+    return payload

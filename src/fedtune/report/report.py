@@ -1,0 +1,270 @@
+"""``fedtune report``: ``report.md`` and ``plots/*.png`` for one run, optionally compared with others."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedtune.report.io import (
+    MetricsRow,
+    config_value,
+    read_config,
+    read_data_stats,
+    read_metrics,
+)
+from fedtune.report.plots import (
+    BYTES_PER_MB,
+    eval_metric_names,
+    plot_bytes_per_round,
+    plot_category_scores,
+    plot_learning_curves,
+    plot_partition,
+)
+from fedtune.report.tables import format_delta, markdown_table, partition_table
+
+CONFIG_ESSENTIALS = [
+    ("name", "Run name"),
+    ("algorithm.name", "Algorithm"),
+    ("model.name", "Model"),
+    ("data.dataset", "Dataset"),
+    ("data.partition.scheme", "Partition"),
+    ("data.partition.num_clients", "Clients"),
+    ("fed.rounds", "Rounds (configured)"),
+    ("fed.mode", "Mode"),
+    ("seed", "Seed"),
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything read from one run directory."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    rows: list[MetricsRow]
+    data_stats: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return str(self.config.get("name") or self.run_dir.name)
+
+    @property
+    def trained_rows(self) -> list[MetricsRow]:
+        return [row for row in self.rows if row["round"] > 0]
+
+    @property
+    def before_row(self) -> MetricsRow | None:
+        """The evaluation of the untrained model, if the runner made one."""
+        return next((row for row in self.rows if row["round"] == 0 and row.get("eval")), None)
+
+    @property
+    def final_row(self) -> MetricsRow | None:
+        """The last round after training that was evaluated."""
+        evaluated = [row for row in self.trained_rows if row.get("eval")]
+        return evaluated[-1] if evaluated else None
+
+
+def load_run(run_dir: Path) -> Run:
+    return Run(run_dir, read_config(run_dir), read_metrics(run_dir), read_data_stats(run_dir))
+
+
+def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
+    """Write ``run_dir/report.md`` and its figures under ``run_dir/plots``; returns the report path.
+
+    ``compare`` adds a cross-run table and overlaid learning curves of this run and those runs.
+    """
+    run = load_run(run_dir)
+    # Globs such as ``runs/*`` often include the run itself; comparing it with itself adds nothing.
+    others = [load_run(path) for path in dict.fromkeys(compare or []) if path.resolve() != run_dir.resolve()]
+    plots_dir = run_dir / "plots"
+    sections = [f"# Report: {run.name}\n\nRun directory: `{run_dir}`\n", _summary_section(run)]
+    sections.append(_learning_curves_section(run, plots_dir))
+    sections.append(_category_section(run, plots_dir))
+    sections.append(_communication_section(run, plots_dir))
+    sections.append(_partition_section(run, plots_dir))
+    if others:
+        sections.append(_compare_section([run, *others], plots_dir))
+    sections.append("## Per-round metrics\n\n" + per_round_table(run.rows))
+    report_path = run_dir / "report.md"
+    report_path.write_text("\n".join(section for section in sections if section), encoding="utf-8")
+    return report_path
+
+
+def _image(title: str, path: Path, plots_dir: Path) -> str:
+    return f"![{title}]({plots_dir.name}/{path.name})\n"
+
+
+def _summary_section(run: Run) -> str:
+    config_rows: list[list[object]] = [
+        [label, config_value(run.config, key)] for key, label in CONFIG_ESSENTIALS
+    ]
+    return "\n".join(
+        [
+            "## Summary\n",
+            markdown_table(["Setting", "Value"], config_rows),
+            eval_summary_table(run),
+            markdown_table(["Quantity", "Value"], resource_rows(run.trained_rows)),
+        ]
+    )
+
+
+def eval_summary_table(run: Run) -> str:
+    """Each eval metric before training, after the last evaluated round, and the change."""
+    before = (run.before_row or {}).get("eval", {})
+    final_row = run.final_row
+    final = final_row["eval"] if final_row else {}
+    final_header = f"Final (round {final_row['round']})" if final_row else "Final"
+    rows: list[list[object]] = []
+    for metric in eval_metric_names(run.rows):
+        delta = final[metric] - before[metric] if metric in before and metric in final else None
+        rows.append([metric, before.get(metric), final.get(metric), format_delta(delta)])
+    if not rows:
+        return "No evaluation rounds were recorded.\n"
+    return markdown_table(["Metric", "Before (round 0)", final_header, "Δ"], rows)
+
+
+def resource_rows(trained: Sequence[MetricsRow]) -> list[list[object]]:
+    """Totals and peaks of traffic, time and memory over the training rounds."""
+    round_seconds = [row["round_seconds"] for row in trained if "round_seconds" in row]
+    gpu_peaks = [row["gpu_peak_mb"] for row in trained if row.get("gpu_peak_mb") is not None]
+    rows: list[list[object]] = [
+        ["Rounds completed", max((row["round"] for row in trained), default=0)],
+        ["Upload total (MB)", _total(trained, "bytes_up") / BYTES_PER_MB],
+        ["Download total (MB)", _total(trained, "bytes_down") / BYTES_PER_MB],
+        ["Tokens trained", int(_total(trained, "tokens"))],
+        ["Mean round time (s)", _mean(round_seconds)],
+        ["Total round time (s)", sum(round_seconds)],
+        ["Peak RSS (MB)", max((row["peak_rss_mb"] for row in trained if "peak_rss_mb" in row), default=None)],
+    ]
+    # Only GPU runs record GPU memory; a row of dashes on CPU runs would suggest a missing value.
+    rows += [["Peak GPU memory (MB)", max(gpu_peaks)]] if gpu_peaks else []
+    rows += [
+        ["Failed client-rounds", sum(len(row.get("failed") or {}) for row in trained)],
+        ["Rejected client-rounds", sum(len(row.get("rejected") or {}) for row in trained)],
+    ]
+    return rows
+
+
+def _total(rows: Sequence[MetricsRow], key: str) -> float:
+    return float(sum(row.get(key) or 0 for row in rows))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def per_round_table(rows: Sequence[MetricsRow]) -> str:
+    """One line per round, with the eval metrics of the rounds that were evaluated."""
+    metrics = eval_metric_names(rows)
+    headers = ["Round", "Clients", "Failed", "Rejected", "Train loss", "Examples", "Tokens"]
+    headers += ["Up (MB)", "Down (MB)", "Round (s)", "Peak RSS (MB)", *metrics]
+    return markdown_table(headers, [_per_round_cells(row, metrics) for row in rows])
+
+
+def _per_round_cells(row: MetricsRow, metrics: list[str]) -> list[object]:
+    """Keys the row lacks (all but eval at round 0) stay empty cells rather than zeros."""
+    evaluated = row.get("eval") or {}
+    return [
+        row["round"],
+        _count(row, "clients"),
+        _count(row, "failed"),
+        _count(row, "rejected"),
+        row.get("train_loss"),
+        row.get("num_examples"),
+        row.get("tokens"),
+        _megabytes(row, "bytes_up"),
+        _megabytes(row, "bytes_down"),
+        row.get("round_seconds"),
+        row.get("peak_rss_mb"),
+        *[evaluated.get(metric) for metric in metrics],
+    ]
+
+
+def _count(row: MetricsRow, key: str) -> int | None:
+    return len(row[key]) if row.get(key) is not None else None
+
+
+def _megabytes(row: MetricsRow, key: str) -> float | None:
+    return row[key] / BYTES_PER_MB if row.get(key) is not None else None
+
+
+def _learning_curves_section(run: Run, plots_dir: Path) -> str:
+    path = plot_learning_curves({run.name: run.rows}, plots_dir / "learning_curves.png", run.name)
+    return "## Learning curves\n\n" + _image("Learning curves", path, plots_dir)
+
+
+def _category_section(run: Run, plots_dir: Path) -> str:
+    before = (run.before_row or {}).get("eval_by_category") or {}
+    final = (run.final_row or {}).get("eval_by_category") or {}
+    if not final:
+        return ""
+    title = f"{run.name}: per-category scores"
+    path = plot_category_scores(before, final, plots_dir / "category_scores.png", title)
+    return "\n".join(
+        ["## Per-category scores\n", category_table(before, final), _image(title, path, plots_dir)]
+    )
+
+
+def category_table(before: dict[str, dict[str, float]], final: dict[str, dict[str, float]]) -> str:
+    rows: list[list[object]] = []
+    for metric, scores in final.items():
+        for category in sorted(scores):
+            start = before.get(metric, {}).get(category)
+            delta = scores[category] - start if start is not None else None
+            rows.append([metric, category, start, scores[category], format_delta(delta)])
+    return markdown_table(["Metric", "Category", "Before", "Final", "Δ"], rows)
+
+
+def _communication_section(run: Run, plots_dir: Path) -> str:
+    if not run.trained_rows:
+        return ""
+    title = f"{run.name}: traffic per round"
+    path = plot_bytes_per_round(run.rows, plots_dir / "bytes_per_round.png", title)
+    return "## Communication\n\n" + _image(title, path, plots_dir)
+
+
+def _partition_section(run: Run, plots_dir: Path) -> str:
+    if run.data_stats is None:
+        return ""
+    counts = run.data_stats["counts"]
+    title = f"{run.data_stats.get('dataset', 'data')}, {run.data_stats.get('scheme', 'partition')} partition"
+    path = plot_partition(counts, plots_dir / "partition.png", title)
+    return "\n".join(["## Data partition\n", partition_table(counts), _image(title, path, plots_dir)])
+
+
+def _compare_section(runs: list[Run], plots_dir: Path) -> str:
+    labels = _unique_labels(runs)
+    metrics = list(dict.fromkeys(m for run in runs for m in eval_metric_names(run.rows)))
+    headers = ["Run", "Algorithm", "Rounds", *[f"final {m}" for m in metrics]]
+    headers += ["Up (MB)", "Down (MB)", "Total time (s)"]
+    rows = [_compare_cells(label, run, metrics) for label, run in zip(labels, runs, strict=True)]
+    curves = {label: run.rows for label, run in zip(labels, runs, strict=True)}
+    path = plot_learning_curves(curves, plots_dir / "compare_learning_curves.png", "Learning curves by run")
+    return "\n".join(
+        ["## Comparison\n", markdown_table(headers, rows), _image("Learning curves by run", path, plots_dir)]
+    )
+
+
+def _compare_cells(label: str, run: Run, metrics: list[str]) -> list[object]:
+    final = (run.final_row or {}).get("eval", {})
+    trained = run.trained_rows
+    return [
+        label,
+        config_value(run.config, "algorithm.name"),
+        max((row["round"] for row in trained), default=0),
+        *[final.get(metric) for metric in metrics],
+        _total(trained, "bytes_up") / BYTES_PER_MB,
+        _total(trained, "bytes_down") / BYTES_PER_MB,
+        _total(trained, "round_seconds"),
+    ]
+
+
+def _unique_labels(runs: list[Run]) -> list[str]:
+    """Run names, falling back to the directory name where two runs share a name."""
+    names = [run.name for run in runs]
+    return [
+        name if names.count(name) == 1 else f"{name} ({run.run_dir.name})"
+        for name, run in zip(names, runs, strict=True)
+    ]

@@ -1,0 +1,338 @@
+"""A run: resolve the config, build data and models, loop rounds, checkpoint, write metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from fedtune import __version__
+from fedtune.algorithms.base import Algorithm, RoundResult
+from fedtune.algorithms.registry import get_algorithm
+from fedtune.config import ExperimentConfig, dump_config, load_run_config
+from fedtune.data.partition import category_counts, partition_records
+from fedtune.data.records import DataError, Record
+from fedtune.eval.evaluate import EvalResult
+from fedtune.fl.checkpoint import (
+    atomic_write_text,
+    clean_partial,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fedtune.fl.federation import ServerContext
+from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook
+from fedtune.progress import RunProgress
+from fedtune.resources import Resources
+from fedtune.train.loop import peak_rss_mb
+
+log = logging.getLogger("fedtune")
+
+
+@dataclass
+class RunData:
+    clients: dict[str, list[Record]]
+    eval_records: list[Record]
+    public_records: list[Record]
+
+
+def _load(spec: str, split: str, cfg: ExperimentConfig) -> list[Record]:
+    from fedtune.data.loaders import load_dataset_records
+
+    return load_dataset_records(spec, split, format=cfg.data.format, schema=cfg.data.schema_)
+
+
+def _subsample(records: list[Record], limit: int | None, seed: int) -> list[Record]:
+    if limit is None or len(records) <= limit:
+        return records
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    return [records[i] for i in sorted(order[:limit])]
+
+
+def prepare_data(cfg: ExperimentConfig) -> RunData:
+    """Client partitions, the evaluation set and the public set, all deterministic in the seed."""
+    from fedtune.data.builtin import list_builtin
+
+    data = cfg.data
+    builtin = {info.name: info for info in list_builtin()}
+    train = _subsample(_load(data.dataset, "train", cfg), data.max_train_examples, cfg.seed)
+    eval_spec = data.eval_dataset or data.dataset
+    if eval_spec in builtin or data.eval_dataset:
+        eval_records = _load(eval_spec, data.eval_split, cfg)
+    else:
+        # A single user file: hold out 10% of it (seeded) for evaluation.
+        held = set(random.Random(cfg.seed).sample(range(len(train)), max(1, len(train) // 10)))
+        eval_records = [r for i, r in enumerate(train) if i in held]
+        train = [r for i, r in enumerate(train) if i not in held]
+    eval_records = _subsample(eval_records, cfg.eval.max_examples, cfg.seed + 1)
+    info = builtin.get(data.dataset)
+    public = _load(data.dataset, "public", cfg) if info and "public" in info.splits else []
+    if cfg.fed.mode == "centralized":
+        clients = {"central": train}
+    else:
+        part = data.partition
+        clients = partition_records(
+            train,
+            scheme=part.scheme,
+            num_clients=part.num_clients,
+            by=part.by,
+            alpha=part.alpha,
+            classes_per_client=part.classes_per_client,
+            min_partition_size=part.min_partition_size,
+            seed=cfg.seed,
+        )
+    return RunData(clients, eval_records, public)
+
+
+def _versions() -> dict[str, str]:
+    import peft
+    import transformers
+
+    return {
+        "fedtune": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _eval_row(result: EvalResult) -> dict[str, Any]:
+    row: dict[str, Any] = {"eval": result.metrics}
+    if result.by_category:
+        row["eval_by_category"] = result.by_category
+    return row
+
+
+def _round_row(
+    rnd: int, result: RoundResult, fed: InProcessFederation, server_seconds: float, round_seconds: float
+) -> dict[str, Any]:
+    traffic = fed.traffic
+    row: dict[str, Any] = {
+        "round": rnd,
+        "clients": result.clients,
+        "failed": traffic.failed,
+        "rejected": traffic.rejected,
+        "train_loss": result.train_loss,
+        "num_examples": result.num_examples,
+        "tokens": result.tokens,
+        "bytes_up": traffic.bytes_up,
+        "bytes_down": traffic.bytes_down,
+        "client_seconds": round(sum(traffic.client_seconds.values()), 4),
+        "server_seconds": round(server_seconds, 4),
+        "round_seconds": round(round_seconds, 4),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    if torch.cuda.is_available():
+        row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    row.update({k: round(v, 2) for k, v in result.extra.items()})
+    return row
+
+
+class Runner:
+    """Owns one run directory; ``run()`` starts or continues it."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path | None = None,
+        console: Console | None = None,
+        before_task: ClientHook | None = None,
+        after_task: ReplyHook | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir else cfg.run_dir()
+        self.console = console or Console(stderr=True)
+        self.before_task = before_task
+        self.after_task = after_task
+        self.history: list[dict[str, Any]] = []
+
+    def _build(self, progress: RunProgress) -> tuple[Algorithm, InProcessFederation, ServerContext]:
+        data = prepare_data(self.cfg)
+        (self.run_dir / "data_stats.json").write_text(
+            json.dumps(
+                {
+                    "dataset": self.cfg.data.dataset,
+                    "scheme": self.cfg.data.partition.scheme,
+                    "counts": category_counts(data.clients),
+                },
+                indent=1,
+            )
+        )
+        resources = Resources(self.cfg)
+        algorithm = get_algorithm(self.cfg.algorithm)(self.cfg)
+        fed = InProcessFederation(
+            self.cfg,
+            algorithm.client_tasks(),
+            data.clients,
+            resources,
+            self.run_dir,
+            reporter=lambda cid: progress.client(fed.rnd, cid),
+            before_task=self.before_task,
+            after_task=self.after_task,
+        )
+        server = ServerContext(
+            cfg=self.cfg,
+            resources=resources,
+            eval_records=data.eval_records,
+            public_records=data.public_records,
+            run_dir=self.run_dir,
+            client_sizes={cid: len(recs) for cid, recs in data.clients.items()},
+        )
+        return algorithm, fed, server
+
+    def _checkpoint(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation) -> None:
+        tree = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": fed.state_dict(),
+                "history": self.history}
+        save_checkpoint(self.run_dir, rnd, tree, keep=self.cfg.fed.keep_checkpoints)
+
+    def _write_metrics(self) -> None:
+        atomic_write_text(
+            self.run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.history)
+        )
+
+    def _append_metrics(self, row: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def _restore(self, algorithm: Algorithm, fed: InProcessFederation) -> int:
+        clean_partial(self.run_dir)
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            return -1
+        tree = load_checkpoint(path)
+        algorithm.load_state_dict(tree["algorithm"])
+        fed.load_state_dict(tree["federation"])
+        self.history = list(tree["history"])
+        # metrics.jsonl may hold a row written after this checkpoint's parent died: rewrite it.
+        self._write_metrics()
+        return int(tree["round"])
+
+    def _evaluate(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation, server: ServerContext,
+                  progress: RunProgress) -> dict[str, Any]:
+        progress.phase(f"r{rnd} evaluating")
+        return _eval_row(algorithm.evaluate(rnd, server, fed))
+
+    def run(self, resume: bool = False) -> list[dict[str, Any]]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            if latest_checkpoint(self.run_dir) is not None:
+                raise FileExistsError(
+                    f"{self.run_dir} already holds a run; use `fedtune resume {self.run_dir}` or another "
+                    "--output-dir"
+                )
+            dump_config(self.cfg, self.run_dir / "config.yaml", extra={"versions": _versions()})
+        _seed_everything(self.cfg.seed)
+        rounds = self.cfg.fed.rounds
+        with RunProgress(self.console, rounds, enabled=self.cfg.progress) as progress:
+            progress.phase("loading data and models")
+            algorithm, fed, server = self._build(progress)
+            progress.phase("setting up")
+            algorithm.setup(server)
+            last = self._restore(algorithm, fed) if resume else -1
+            if last < 0:
+                row = {"round": 0}
+                if self.cfg.eval.before:
+                    row.update(self._evaluate(0, algorithm, fed, server, progress))
+                self.history = [row]
+                self._checkpoint(0, algorithm, fed)
+                self._write_metrics()
+                last = 0
+            progress.progress.update(progress.rounds_task, completed=last)
+            for rnd in range(last + 1, rounds + 1):
+                self._one_round(rnd, algorithm, fed, server, progress)
+        self._save_artifacts(algorithm, server)
+        self.print_summary()
+        return self.history
+
+    def _one_round(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation, server: ServerContext,
+                   progress: RunProgress) -> None:
+        start = time.perf_counter()
+        fed.begin_round(rnd)
+        result = algorithm.run_round(rnd, server, fed)
+        row = _round_row(rnd, result, fed, 0.0, 0.0)
+        client_seconds = row["client_seconds"]
+        if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fed.rounds:
+            row.update(self._evaluate(rnd, algorithm, fed, server, progress))
+        elapsed = time.perf_counter() - start
+        row["round_seconds"] = round(elapsed, 4)
+        row["server_seconds"] = round(max(0.0, elapsed - client_seconds), 4)
+        self.history.append(row)
+        self._checkpoint(rnd, algorithm, fed)
+        self._append_metrics(row)
+        progress.end_round(rnd, _round_summary(row))
+
+    def _save_artifacts(self, algorithm: Algorithm, server: ServerContext) -> None:
+        final = getattr(algorithm, "final_adapter", None)
+        if final is None:
+            return
+        from fedtune.models.lora import load_adapter
+
+        model, tokenizer = server.resources.lora_lm()
+        load_adapter(model, final())
+        target = self.run_dir / "artifacts" / "adapter"
+        model.save_pretrained(str(target))
+        (self.run_dir / "artifacts" / "meta.json").write_text(
+            json.dumps({"base_model": self.cfg.model.name, "template": self.cfg.data.template,
+                        "algorithm": self.cfg.algorithm}, indent=1)
+        )
+
+    def print_summary(self) -> None:
+        self.console.print(summary_table(self.history, self.cfg.name))
+
+
+def _round_summary(row: dict[str, Any]) -> str:
+    parts = [f"loss {row['train_loss']:.4f}" if row.get("train_loss") is not None else "loss -"]
+    parts += [f"{k} {v:.4g}" for k, v in row.get("eval", {}).items()]
+    parts.append(f"up {row['bytes_up'] / 2**20:.2f} MB")
+    failed = len(row.get("failed", {})) + len(row.get("rejected", {}))
+    if failed:
+        parts.append(f"{failed} client(s) dropped")
+    return ", ".join(parts)
+
+
+def summary_table(history: list[dict[str, Any]], title: str) -> Table:
+    """Before (round 0) vs after (last evaluated round) for every eval metric."""
+    evaluated = [row for row in history if row.get("eval")]
+    table = Table(title=f"{title}: before vs after")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_column("change", justify="right")
+    if not evaluated:
+        return table
+    first, last = evaluated[0], evaluated[-1]
+    for metric, after in last["eval"].items():
+        before = first["eval"].get(metric)
+        change = f"{after - before:+.4f}" if before is not None else "-"
+        table.add_row(metric, "-" if before is None else f"{before:.4f}", f"{after:.4f}", change)
+    return table
+
+
+def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    return Runner(cfg, run_dir, **kwargs).run(resume=False)
+
+
+def resume_experiment(run_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    if not (run_dir / "config.yaml").is_file():
+        raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = load_run_config(run_dir)
+    return Runner(cfg, run_dir, **kwargs).run(resume=True)
+

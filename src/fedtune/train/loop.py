@@ -1,0 +1,124 @@
+"""The one local training loop: every method's client and server training goes through it."""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from fedtune.train.losses import causal_lm_nll, proximal_term
+
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, int]]
+Reporter = Callable[[int, int, float | None], None]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: float
+    steps: int
+    num_examples: int
+    tokens: int
+    target_tokens: int
+    seconds: float
+    peak_mem_mb: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def sft_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Summed response-token NLL of a causal LM and the number of target tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return causal_lm_nll(logits, batch["labels"])
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return peak_rss_mb()
+
+
+def steps_for(num_batches: int, epochs: float, grad_accum: int, max_steps: int | None) -> int:
+    steps = max(1, math.ceil(num_batches * epochs / grad_accum))
+    return min(steps, max_steps) if max_steps else steps
+
+
+def train_local(
+    model: torch.nn.Module,
+    batches: Sequence[Batch],
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    *,
+    steps: int,
+    grad_accum: int = 1,
+    clip_norm: float | None = None,
+    prox_mu: float = 0.0,
+    prox_reference: Mapping[str, torch.Tensor] | None = None,
+    loss_fn: LossFn = sft_loss,
+    report: Reporter | None = None,
+) -> TrainResult:
+    """Run ``steps`` optimizer steps of ``grad_accum`` micro-batches each, cycling ``batches``.
+
+    The loss of an accumulation group is the token-weighted mean over its micro-batches, so
+    accumulation gives the same gradient as one large batch. With ``prox_mu > 0`` the FedProx
+    term mu/2 ||w - w_ref||^2 over the trainable parameters is added.
+    """
+    if not batches:
+        raise ValueError("train_local got no batches")
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    )
+    model.train()
+    start = time.perf_counter()
+    total_nll, total_targets, total_tokens, num_examples, cursor = 0.0, 0, 0, 0, 0
+    for step in range(steps):
+        group = [batches[(cursor + i) % len(batches)] for i in range(grad_accum)]
+        cursor += grad_accum
+        group_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in group)
+        optimizer.zero_grad(set_to_none=True)
+        for batch in group:
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with autocast:
+                nll, _ = loss_fn(model, batch)
+            (nll / max(1, group_targets)).backward()
+            total_nll += float(nll.detach())
+            total_tokens += int(batch["attention_mask"].sum())
+            num_examples += int(batch["input_ids"].shape[0])
+        if prox_mu > 0 and prox_reference is not None:
+            (prox_mu / 2 * proximal_term(trainable, prox_reference)).backward()
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(list(trainable.values()), clip_norm)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        total_targets += group_targets
+        if report is not None:
+            report(step + 1, steps, total_nll / max(1, total_targets))
+    model.eval()
+    return TrainResult(
+        loss=total_nll / max(1, total_targets),
+        steps=steps,
+        num_examples=num_examples,
+        tokens=total_tokens,
+        target_tokens=total_targets,
+        seconds=time.perf_counter() - start,
+        peak_mem_mb=_peak_memory_mb(device),
+    )

@@ -1,0 +1,80 @@
+"""Local supervised fine-tuning of whatever is trainable in a model, for one round."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedtune.config import TrainConfig
+from fedtune.data.tokenize import Example, make_batches
+from fedtune.train.loop import Reporter, TrainResult, steps_for, train_local
+from fedtune.train.optim import build_optimizer, build_scheduler
+
+
+def local_sft(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    train: TrainConfig,
+    *,
+    pad_token_id: int,
+    seed: int,
+    rnd: int,
+    rounds: int,
+    bucketing: bool = True,
+    prox_mu: float = 0.0,
+    report: Reporter | None = None,
+) -> TrainResult:
+    """``train.local_epochs`` epochs (or ``train.max_steps``) of SFT with a fresh optimizer.
+
+    ``seed`` fixes the batch order and every random op (dropout), so a resumed run repeats the
+    exact same steps.
+    """
+    if not examples:
+        raise ValueError("local_sft: this client has no training examples")
+    torch.manual_seed(seed)
+    epochs = max(1, int(-(-train.local_epochs // 1)))
+    batches = [
+        batch
+        for epoch in range(epochs)
+        for batch in make_batches(
+            examples, train.batch_size, pad_token_id, seed=seed + epoch, bucketing=bucketing
+        )
+    ]
+    per_epoch = len(batches) // epochs
+    steps = steps_for(per_epoch, train.local_epochs, train.grad_accum, train.max_steps)
+    optimizer = build_optimizer(
+        model.parameters(),
+        train.optimizer,
+        lr=train.lr,
+        weight_decay=train.weight_decay,
+        betas=train.betas,
+        momentum=train.momentum,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        train.schedule,
+        steps_this_round=steps,
+        rnd=rnd,
+        rounds=rounds,
+        scope=train.schedule_scope,
+        warmup_ratio=train.warmup_ratio,
+        min_ratio=train.min_lr_ratio,
+    )
+    reference = (
+        {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+        if prox_mu > 0
+        else None
+    )
+    return train_local(
+        model,
+        batches,
+        optimizer,
+        scheduler,
+        steps=steps,
+        grad_accum=train.grad_accum,
+        clip_norm=train.clip_norm,
+        prox_mu=prox_mu,
+        prox_reference=reference,
+        report=report,
+    )

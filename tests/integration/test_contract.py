@@ -1,0 +1,112 @@
+"""The contract every registered algorithm must satisfy, on its tiny config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedtune.algorithms.registry import algorithm_names
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.fl.payload import Payload
+from tests.integration.helpers import quiet_runner, stable, tiny_config
+
+ALGORITHMS = algorithm_names()
+
+
+class Interrupt(BaseException):
+    """Stands for the process dying: not an Exception, so nothing inside the run catches it."""
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_same_seed_same_metrics_and_state(algorithm: str, tmp_path: Path) -> None:
+    cfg = tiny_config(algorithm)
+    first = quiet_runner(cfg, tmp_path / "a").run()
+    second = quiet_runner(cfg, tmp_path / "b").run()
+    assert stable(first) == stable(second)
+    state_a = load_checkpoint(latest_checkpoint(tmp_path / "a"))  # type: ignore[arg-type]
+    state_b = load_checkpoint(latest_checkpoint(tmp_path / "b"))  # type: ignore[arg-type]
+    assert_trees_equal(state_a["algorithm"], state_b["algorithm"])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_resume_equals_uninterrupted(algorithm: str, tmp_path: Path) -> None:
+    cfg = tiny_config(algorithm, "fed.rounds=3")
+    full = quiet_runner(cfg, tmp_path / "full").run()
+
+    def die_in_round_2(client: str, task: str, rnd: int) -> None:
+        if rnd == 2:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        quiet_runner(cfg, tmp_path / "cut", before_task=die_in_round_2).run()
+    rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+    assert stable(resumed) == stable(full)
+    on_disk = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert stable(on_disk) == stable(full)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_bad_and_failed_replies_are_dropped_and_recorded(algorithm: str, tmp_path: Path) -> None:
+    cfg = tiny_config(algorithm, "fed.min_replies=2")
+    clients = sorted(cfg_clients(cfg))
+
+    def crash(client: str, task: str, rnd: int) -> None:
+        if client == clients[0] and rnd == 1:
+            raise RuntimeError("disk full")
+
+    def poison(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client == clients[1] and rnd == 1:
+            return {k: np.full_like(v, np.nan) if isinstance(v, np.ndarray) else v for k, v in reply.items()}
+        return reply
+
+    history = quiet_runner(cfg, tmp_path / "run", before_task=crash, after_task=poison).run()
+    first = history[1]
+    assert first["failed"] == {clients[0]: "RuntimeError: disk full"}
+    assert "NaN" in first["rejected"][clients[1]]
+    assert all(np.isfinite(v) for v in history[-1]["eval"].values())
+    assert history[2]["failed"] == {} and history[2]["rejected"] == {}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_no_raw_client_text_in_traffic(algorithm: str, tmp_path: Path) -> None:
+    cfg = tiny_config(algorithm)
+    from fedtune.runner import prepare_data
+
+    texts = {t for recs in prepare_data(cfg).clients.values() for r in recs for t in (r.instruction, r.output)}
+    seen: list[Payload] = []
+
+    def capture(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        seen.append(reply)
+        return reply
+
+    quiet_runner(cfg, tmp_path / "run", after_task=capture).run()
+    assert seen
+    for reply in seen:
+        for key, value in reply.items():
+            if isinstance(value, str):
+                assert not any(t in value for t in texts if len(t) > 8), key
+            if isinstance(value, np.ndarray):
+                assert value.dtype.kind in "fiub", f"{key} has dtype {value.dtype}"
+
+
+def cfg_clients(cfg: Any) -> list[str]:
+    from fedtune.runner import prepare_data
+
+    return list(prepare_data(cfg).clients)
+
+
+def assert_trees_equal(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_trees_equal(a[key], b[key])
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedtune.fl.checkpoint import clean_partial, latest_checkpoint, load_checkpoint, save_checkpoint
+
+
+def test_round_trip_of_a_nested_tree(tmp_path: Path) -> None:
+    tree = {
+        "round": 3,
+        "algorithm": {"global_adapter": {"a.weight": np.arange(6, dtype=np.float32).reshape(2, 3)}},
+        "federation": {"clients": {"c00": {"adapter": {"x": torch.ones(2)}}, "c01": {}}},
+        "history": [{"round": 0, "eval": {"rougeL": 0.5}}, {"round": 1, "train_loss": None}],
+        "pair": (1, "two"),
+    }
+    save_checkpoint(tmp_path, 3, tree)
+    loaded = load_checkpoint(latest_checkpoint(tmp_path))  # type: ignore[arg-type]
+    np.testing.assert_array_equal(loaded["algorithm"]["global_adapter"]["a.weight"], tree["algorithm"]["global_adapter"]["a.weight"])  # type: ignore[index]
+    np.testing.assert_array_equal(loaded["federation"]["clients"]["c00"]["adapter"]["x"], np.ones(2))
+    assert loaded["federation"]["clients"]["c01"] == {}
+    assert loaded["history"] == tree["history"]
+    assert loaded["pair"] == (1, "two")
+
+
+def test_keeps_only_the_last_checkpoints(tmp_path: Path) -> None:
+    for rnd in range(5):
+        save_checkpoint(tmp_path, rnd, {"round": rnd}, keep=2)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("round_*"))
+    assert kept == ["round_0003", "round_0004"]
+    assert load_checkpoint(latest_checkpoint(tmp_path))["round"] == 4  # type: ignore[arg-type]
+
+
+def test_a_half_written_checkpoint_is_ignored(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 1, {"round": 1})
+    partial = tmp_path / "checkpoints" / ".tmp_round_0002"
+    partial.mkdir()
+    (partial / "state.json").write_text("{trunc")
+    assert load_checkpoint(latest_checkpoint(tmp_path))["round"] == 1  # type: ignore[arg-type]
+    clean_partial(tmp_path)
+    assert not partial.exists()
+
+
+def test_no_checkpoint(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None

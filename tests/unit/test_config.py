@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedtune.config import ConfigError, load_config, validate_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_validate() -> None:
+    cfg = validate_config({})
+    assert cfg.algorithm == "fedit"
+    assert cfg.fed.rounds >= 1
+
+
+def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfed:\n  rounds: 2\n")
+    cfg = load_config(path, ["fed.rounds=5", "train.lr=0.5", "lora.target_modules=[q_proj]", "data.schema=dolly"])
+    assert cfg.fed.rounds == 5
+    assert cfg.train.lr == 0.5
+    assert cfg.lora.target_modules == ["q_proj"]
+    assert cfg.data.schema_ == "dolly"
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "train:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "train.lrr" in str(err.value)
+    assert "did you mean 'train.lr'" in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_misspelt_override_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="did you mean 'fed.rounds'"):
+        load_config(write(tmp_path, ""), ["fed.round=3"])
+
+
+def test_wrong_type_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config key 'fed\.rounds'.*'many'"):
+        load_config(write(tmp_path, "fed:\n  rounds: many\n"))
+
+
+def test_unknown_algorithm_lists_registered(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="fedit"):
+        load_config(write(tmp_path, "algorithm: fedsomething\n"))
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_bad_override_form(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(write(tmp_path, ""), ["fed.rounds"])
+
+
+def test_non_mapping_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_shipped_configs_validate() -> None:
+    root = Path(__file__).resolve().parents[2] / "configs"
+    paths = sorted(root.rglob("*.yaml"))
+    assert paths
+    for path in paths:
+        load_config(path)

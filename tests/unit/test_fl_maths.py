@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedtune.fl.aggregate import server_step, weighted_average
+from fedtune.fl.federation import seeded_sample
+from fedtune.fl.payload import PayloadError, check_payload, payload_nbytes, payload_to_state, state_to_payload
+from fedtune.fl.validation import ReplyRejected, ReplySpec, validate_reply
+
+
+def test_weighted_average_by_example_count() -> None:
+    states = [{"w": np.array([0.0, 2.0], dtype=np.float32)}, {"w": np.array([4.0, 6.0], dtype=np.float32)}]
+    result = weighted_average(states, [1, 3])
+    np.testing.assert_allclose(result["w"], [3.0, 5.0])
+    assert result["w"].dtype == np.float32
+
+
+def test_weighted_average_rejects_zero_weights() -> None:
+    with pytest.raises(ValueError, match="zero"):
+        weighted_average([{"w": np.zeros(2)}], [0])
+
+
+def test_server_step_interpolates() -> None:
+    current = {"w": np.array([0.0, 0.0])}
+    average = {"w": np.array([2.0, 4.0])}
+    np.testing.assert_allclose(server_step(current, average, 0.5)["w"], [1.0, 2.0])
+    np.testing.assert_allclose(server_step(current, average, 1.0)["w"], [2.0, 4.0])
+
+
+def test_payload_round_trip_widens_bf16() -> None:
+    state = {"a": torch.ones(2, 3, dtype=torch.bfloat16), "b": torch.arange(4, dtype=torch.float32)}
+    payload = state_to_payload(state, prefix="adapter/")
+    assert payload["adapter/a"].dtype == np.float32
+    back = payload_to_state(payload, prefix="adapter/")
+    assert torch.equal(back["b"], state["b"])
+
+
+def test_payload_nbytes_counts_arrays_strings_scalars_keys() -> None:
+    payload = {"x": np.zeros(10, dtype=np.float32), "s": "abc", "n": 3}
+    assert payload_nbytes(payload) == 40 + 3 + 8 + 3
+
+
+def test_check_payload_rejects_nested_values() -> None:
+    with pytest.raises(PayloadError, match="'bad'"):
+        check_payload({"bad": [1, 2]}, "reply")
+
+
+def spec() -> ReplySpec:
+    template = {"w": np.zeros((2, 2), dtype=np.float32)}
+    return ReplySpec.like(template, scalars={"num_examples": int}, norm_bound=1.0)
+
+
+def good_reply() -> dict[str, object]:
+    return {"w": np.full((2, 2), 0.1, dtype=np.float32), "num_examples": 5}
+
+
+def test_valid_reply_passes() -> None:
+    assert validate_reply(good_reply(), spec())["num_examples"] == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"w": np.zeros((2, 3), dtype=np.float32)}, "shape"),
+        ({"w": np.zeros((2, 2), dtype=np.float64)}, "dtype"),
+        ({"w": np.array([[np.nan, 0], [0, 0]], dtype=np.float32)}, "NaN"),
+        ({"w": np.full((2, 2), 10.0, dtype=np.float32)}, "norm"),
+        ({"num_examples": "five"}, "num_examples"),
+        ({"extra": np.zeros(1, dtype=np.float32)}, "unexpected"),
+    ],
+)
+def test_bad_replies_are_rejected_with_a_reason(change: dict[str, object], reason: str) -> None:
+    reply = good_reply()
+    reply.update(change)
+    with pytest.raises(ReplyRejected, match=reason):
+        validate_reply(reply, spec())
+
+
+def test_missing_array_and_scalar() -> None:
+    with pytest.raises(ReplyRejected, match="missing arrays"):
+        validate_reply({"num_examples": 1}, spec())
+    with pytest.raises(ReplyRejected, match="missing scalar"):
+        validate_reply({"w": np.zeros((2, 2), dtype=np.float32)}, spec())
+
+
+def test_seeded_sample_is_deterministic_and_varies_by_round() -> None:
+    ids = [f"c{i:02d}" for i in range(20)]
+    first = seeded_sample(ids, 5, seed=1, rnd=3)
+    assert first == seeded_sample(ids, 5, seed=1, rnd=3)
+    assert len(set(first)) == 5
+    assert any(seeded_sample(ids, 5, seed=1, rnd=r) != first for r in range(4, 10))
+    assert seeded_sample(ids, 30, seed=1, rnd=1) == ids

@@ -1,0 +1,214 @@
+"""`fedtune report` on hand-written run directories: numbers in report.md, PNGs, compare mode, errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from PIL import Image
+
+from fedtune.report import (
+    ReportError,
+    markdown_table,
+    partition_table,
+    plot_partition,
+    read_metrics,
+    write_report,
+)
+
+COUNTS = {
+    "client_10": {"open_qa": 5, "summarization": 1},
+    "client_2": {"open_qa": 3, "brainstorming": 7},
+    "client_1": {"summarization": 4},
+}
+
+
+def training_row(round_number: int, **overrides: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "round": round_number,
+        "clients": ["client_1", "client_2"],
+        "failed": {},
+        "rejected": {},
+        "train_loss": 2.0,
+        "num_examples": 32,
+        "tokens": 4000,
+        "bytes_up": 1_000_000,
+        "bytes_down": 2_000_000,
+        "client_seconds": 8.0,
+        "server_seconds": 1.0,
+        "round_seconds": 10.0,
+        "peak_rss_mb": 900.0,
+    }
+    row.update(overrides)
+    return row
+
+
+def resumed_run_lines() -> list[str]:
+    """Rounds 0-2, where round 2 was re-run after a resume and the process then died mid-write."""
+    rows = [
+        {
+            "round": 0,
+            "eval": {"rougeL": 0.2, "perplexity": 20.0},
+            "eval_by_category": {"rougeL": {"open_qa": 0.1, "summarization": 0.3}},
+        },
+        training_row(1),
+        training_row(2, train_loss=9.9, bytes_up=99_000_000, eval={"rougeL": 0.9, "perplexity": 1.0}),
+        training_row(
+            2,
+            train_loss=1.5,
+            bytes_up=1_500_000,
+            bytes_down=2_500_000,
+            round_seconds=14.0,
+            peak_rss_mb=950.0,
+            failed={"client_3": "timeout"},
+            eval={"rougeL": 0.35, "perplexity": 12.5},
+            eval_by_category={"rougeL": {"open_qa": 0.25, "summarization": 0.4}},
+        ),
+    ]
+    return [json.dumps(row) for row in rows] + ['{"round": 3, "clients": ["cl']
+
+
+def write_run(run_dir: Path, name: str, algorithm: str, metrics_text: str) -> Path:
+    run_dir.mkdir(parents=True)
+    config = {
+        "name": name,
+        "seed": 7,
+        "algorithm": {"name": algorithm},
+        "model": {"name": "tiny-gpt2"},
+        "data": {"dataset": "dolly", "partition": {"scheme": "dirichlet", "num_clients": 3}},
+        "fed": {"rounds": 2, "mode": "simulation"},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    (run_dir / "metrics.jsonl").write_text(metrics_text, encoding="utf-8")
+    return run_dir
+
+
+def squeeze(text: str) -> str:
+    """Markdown with column padding removed, so assertions do not depend on column widths."""
+    return re.sub(r" +", " ", text)
+
+
+def assert_valid_png(path: Path) -> None:
+    with Image.open(path) as image:
+        image.verify()
+        assert image.format == "PNG"
+        assert image.size[0] > 200 and image.size[1] > 200
+
+
+@pytest.fixture(scope="module")
+def compared_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    run_dir = write_run(root / "fedpt", "fedpt-run", "fedpt", "\n".join(resumed_run_lines()))
+    (run_dir / "data_stats.json").write_text(
+        json.dumps({"dataset": "dolly", "scheme": "dirichlet", "counts": COUNTS}), encoding="utf-8"
+    )
+    other_rows = [{"round": 0, "eval": {"rougeL": 0.2}}, training_row(1, eval={"rougeL": 0.3})]
+    other_text = "\n".join(json.dumps(row) for row in other_rows) + "\n"
+    other_dir = write_run(root / "fedavg", "fedavg-run", "fedavg", other_text)
+    return write_report(run_dir, compare=[other_dir])
+
+
+def test_read_metrics_keeps_last_duplicate_and_skips_partial_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = write_run(tmp_path / "run", "r", "fedavg", "\n".join(resumed_run_lines()))
+
+    with caplog.at_level(logging.WARNING):
+        rows = read_metrics(run_dir)
+
+    assert [row["round"] for row in rows] == [0, 1, 2]
+    assert rows[2]["train_loss"] == 1.5
+    assert "metrics.jsonl:5: skipping partially written last line" in caplog.text
+
+
+def test_read_metrics_rejects_corrupt_line_in_the_middle(tmp_path: Path) -> None:
+    lines = resumed_run_lines()
+    run_dir = write_run(tmp_path / "run", "r", "fedavg", "\n".join([lines[0], "{oops", lines[1]]) + "\n")
+
+    with pytest.raises(ReportError, match=r"metrics\.jsonl:2: not valid JSON"):
+        read_metrics(run_dir)
+
+
+def test_empty_metrics_error_names_the_file(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", "r", "fedavg", "")
+
+    with pytest.raises(ReportError, match=re.escape(str(run_dir / "metrics.jsonl"))):
+        write_report(run_dir)
+
+
+def test_markdown_table_formats_numbers_and_right_aligns_numeric_columns() -> None:
+    table = markdown_table(["name", "value", "count"], [["a|b", 0.123456, 1234567], ["c", None, 2]])
+
+    assert table.splitlines() == [
+        "| name |  value |     count |",
+        "| ---- | -----: | --------: |",
+        "| a\\|b | 0.1235 | 1,234,567 |",
+        "| c    |      – |         2 |",
+    ]
+
+
+def test_partition_table_orders_clients_naturally_and_totals() -> None:
+    lines = squeeze(partition_table(COUNTS)).splitlines()
+
+    assert lines[0] == "| client | open_qa | brainstorming | summarization | total |"
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [
+        "client_1",
+        "client_2",
+        "client_10",
+        "**total**",
+    ]
+    assert lines[-1] == "| **total** | 8 | 7 | 5 | 20 |"
+
+
+def test_report_summarises_before_after_and_totals(compared_report: Path) -> None:
+    text = squeeze(compared_report.read_text(encoding="utf-8"))
+
+    assert "| Metric | Before (round 0) | Final (round 2) | Δ |" in text
+    assert "| rougeL | 0.2 | 0.35 | +0.15 |" in text
+    assert "| perplexity | 20 | 12.5 | -7.5 |" in text
+    assert "| Upload total (MB) | 2.5 |" in text
+    assert "| Download total (MB) | 4.5 |" in text
+    assert "| Mean round time (s) | 12 |" in text
+    assert "| Peak RSS (MB) | 950 |" in text
+    assert "| Failed client-rounds | 1 |" in text
+    assert "| rougeL | open_qa | 0.1 | 0.25 | +0.15 |" in text
+    assert "| client_10 | 5 | 0 | 1 | 6 |" in text
+
+
+def test_report_writes_valid_pngs_and_links_them(compared_report: Path) -> None:
+    plots_dir = compared_report.parent / "plots"
+    names = {
+        "learning_curves.png",
+        "category_scores.png",
+        "bytes_per_round.png",
+        "partition.png",
+        "compare_learning_curves.png",
+    }
+
+    assert {path.name for path in plots_dir.iterdir()} == names
+    for name in names:
+        assert_valid_png(plots_dir / name)
+        assert f"(plots/{name})" in compared_report.read_text(encoding="utf-8")
+
+
+def test_report_compares_runs(compared_report: Path) -> None:
+    text = squeeze(compared_report.read_text(encoding="utf-8"))
+
+    assert "| Run | Algorithm | Rounds | final rougeL | final perplexity | Up (MB) | Down (MB) |" in text
+    assert "| fedpt-run | fedpt | 2 | 0.35 | 12.5 | 2.5 | 4.5 | 24 |" in text
+    assert "| fedavg-run | fedavg | 1 | 0.3 | – | 1 | 2 | 10 |" in text
+
+
+def test_plot_partition_handles_a_hundred_clients(tmp_path: Path) -> None:
+    counts = {f"client_{i}": {"open_qa": i + 1, "brainstorming": 100 - i} for i in range(100)}
+
+    path = plot_partition(counts, tmp_path / "partition.png", "100 clients")
+
+    assert_valid_png(path)
+    with Image.open(path) as image:
+        assert image.size[1] > 1500
