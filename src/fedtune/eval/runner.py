@@ -1,0 +1,253 @@
+"""Evaluation runners: perplexity, multiple-choice and classification accuracy, generation metrics.
+
+Each runner puts the model in eval mode under ``torch.inference_mode`` and restores its training
+flag afterwards, so it can run between federated rounds.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from fedtune.decode.generate import (
+    evaluating,
+    generate_texts,
+    model_device,
+    pad_sequences,
+    pad_token_id,
+    positions_from_mask,
+)
+from fedtune.eval.metrics import (
+    by_category,
+    dist_n,
+    exact_match,
+    mean,
+    numeric_accuracy,
+    perplexity_from_nll,
+    rouge_l,
+)
+
+IGNORE_INDEX = -100
+NUM_SAMPLES = 5
+
+PER_EXAMPLE_METRICS: dict[str, Callable[[Sequence[str], Sequence[str]], list[float]]] = {
+    "rougeL": rouge_l,
+    "exact_match": exact_match,
+    "numeric_accuracy": numeric_accuracy,
+}
+CORPUS_METRICS: dict[str, Callable[[Sequence[str]], float]] = {
+    "dist3": partial(dist_n, n=3),
+    "dist4": partial(dist_n, n=4),
+}
+GENERATION_METRICS = (*PER_EXAMPLE_METRICS, *CORPUS_METRICS)
+
+
+def label_log_likelihoods(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed log-likelihood of the labelled tokens per row and how many there are.
+
+    ``logits [B,S,V]`` and ``labels [B,S]`` are aligned as in HF (``labels[t]`` is token ``t``,
+    ``IGNORE_INDEX`` where unscored); position ``t`` predicts ``t + 1``, so the shift is done here.
+    Returns ``(log_likelihood [B], num_tokens [B])``.
+    """
+    targets = labels[:, 1:]
+    token_nll = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    return -token_nll.sum(dim=-1), (targets != IGNORE_INDEX).sum(dim=-1)
+
+
+def batch_log_likelihoods(model: nn.Module, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """``label_log_likelihoods`` of ``model`` on ``input_ids``, ``labels`` and optional ``attention_mask``.
+
+    Positions come from the mask so left- and right-padded batches score the same.
+    """
+    device = model_device(model)
+    input_ids = batch["input_ids"].to(device)
+    attention_mask = batch.get("attention_mask", torch.ones_like(input_ids)).to(device)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask)
+    ).logits
+    return label_log_likelihoods(logits, batch["labels"].to(device))
+
+
+def sequence_nll(model: nn.Module, batch: Mapping[str, Tensor]) -> tuple[float, int]:
+    """Total negative log-likelihood of the batch's labelled tokens and their count."""
+    with evaluating(model):
+        log_likelihood, num_tokens = batch_log_likelihoods(model, batch)
+    return -float(log_likelihood.sum()), int(num_tokens.sum())
+
+
+def perplexity(model: nn.Module, batches: Iterable[Mapping[str, Tensor]]) -> float:
+    """Token-level perplexity over all batches: every labelled token weighs the same."""
+    total_nll, total_tokens = 0.0, 0
+    for batch in batches:
+        nll, num_tokens = sequence_nll(model, batch)
+        total_nll += nll
+        total_tokens += num_tokens
+    return perplexity_from_nll(total_nll, total_tokens)
+
+
+def choice_example(
+    tokenizer: PreTrainedTokenizerBase, context: str, continuation: str
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` scoring ``continuation`` after ``context``, split as lm-eval does.
+
+    Trailing whitespace of the context moves to the continuation (BPE vocabularies attach spaces
+    to the following word), the pair is tokenized whole so merges across the boundary match what
+    the model would see, and the context's own token count decides where scoring starts.
+    """
+    num_spaces = len(context) - len(context.rstrip())
+    if num_spaces:
+        context, continuation = context[:-num_spaces], context[-num_spaces:] + continuation
+    input_ids: list[int] = tokenizer(context + continuation)["input_ids"]
+    context_length = len(tokenizer(context)["input_ids"])
+    if context_length >= len(input_ids):
+        raise ValueError(f"choice {continuation!r} adds no tokens after its prompt")
+    return input_ids, [IGNORE_INDEX] * context_length + input_ids[context_length:]
+
+
+def choice_log_likelihoods(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    *,
+    batch_size: int = 16,
+) -> list[list[float]]:
+    """Summed log-likelihood of every choice given its prompt, one list per prompt."""
+    examples = [
+        choice_example(tokenizer, prompt, choice)
+        for prompt, options in zip(prompts, choices, strict=True)
+        for choice in options
+    ]
+    pad_id = pad_token_id(tokenizer)
+    scores: list[float] = []
+    with evaluating(model):
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            input_ids, attention_mask = pad_sequences([ids for ids, _ in chunk], pad_id, side="right")
+            labels, _ = pad_sequences([labels for _, labels in chunk], IGNORE_INDEX, side="right")
+            batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            scores.extend(batch_log_likelihoods(model, batch)[0].tolist())
+    grouped, offset = [], 0
+    for options in choices:
+        grouped.append(scores[offset : offset + len(options)])
+        offset += len(options)
+    return grouped
+
+
+def multiple_choice_accuracy(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    answers: Sequence[int],
+    *,
+    normalize: bool = False,
+    batch_size: int = 16,
+) -> float:
+    """Share of prompts whose highest-likelihood choice is the answer (lm-eval ``acc``).
+
+    ``normalize`` divides each choice's log-likelihood by its length in characters first
+    (lm-eval ``acc_norm``), which stops short choices winning merely for having fewer tokens.
+    """
+    scores = choice_log_likelihoods(model, tokenizer, prompts, choices, batch_size=batch_size)
+    if normalize:
+        scores = [
+            [score / len(choice) for score, choice in zip(row, options, strict=True)]
+            for row, options in zip(scores, choices, strict=True)
+        ]
+    predicted = [max(range(len(row)), key=row.__getitem__) for row in scores]
+    return mean([float(guess == answer) for guess, answer in zip(predicted, answers, strict=True)])
+
+
+def classification_accuracy(model: nn.Module, batches: Iterable[Mapping[str, Tensor]]) -> float:
+    """Accuracy of a sequence-classification model; every other key of a batch goes to the model."""
+    device = model_device(model)
+    num_correct, num_examples = 0, 0
+    with evaluating(model):
+        for batch in batches:
+            inputs = {key: value.to(device) for key, value in batch.items() if key != "labels"}
+            predicted = model(**inputs).logits.argmax(dim=-1)
+            num_correct += int((predicted == batch["labels"].to(device)).sum())
+            num_examples += batch["labels"].numel()
+    if num_examples == 0:
+        raise ValueError("classification accuracy of no examples")
+    return num_correct / num_examples
+
+
+def check_metric_names(metrics: Sequence[str]) -> None:
+    for name in metrics:
+        if name not in GENERATION_METRICS:
+            close = difflib.get_close_matches(name, GENERATION_METRICS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown metric {name!r}{hint} (choose from {', '.join(GENERATION_METRICS)})")
+
+
+def score_generations(
+    prompts: Sequence[str],
+    predictions: Sequence[str],
+    references: Sequence[str],
+    categories: Sequence[str],
+    metrics: Sequence[str],
+) -> dict[str, Any]:
+    """Requested metric means, per-category means of the per-example metrics and the first samples.
+
+    ``{"rougeL": 0.41, ..., "by_category": {"rougeL": {"qa": 0.5}}, "samples": [(prompt, prediction,
+    reference), ...]}``; corpus metrics (``dist3``, ``dist4``) have no per-category entry.
+    """
+    check_metric_names(metrics)
+    if not len(prompts) == len(predictions) == len(references) == len(categories):
+        raise ValueError("prompts, predictions, references and categories differ in length")
+    report: dict[str, Any] = {}
+    per_category: dict[str, dict[str, float]] = {}
+    for name in metrics:
+        if name in CORPUS_METRICS:
+            report[name] = CORPUS_METRICS[name](predictions)
+            continue
+        scores = PER_EXAMPLE_METRICS[name](predictions, references)
+        report[name] = mean(scores)
+        per_category[name] = by_category(scores, categories)
+    report["by_category"] = per_category
+    report["samples"] = list(
+        zip(prompts[:NUM_SAMPLES], predictions[:NUM_SAMPLES], references[:NUM_SAMPLES], strict=True)
+    )
+    return report
+
+
+def evaluate_generation(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    references: Sequence[str],
+    categories: Sequence[str],
+    *,
+    metrics: Sequence[str] = ("rougeL",),
+    max_new_tokens: int = 64,
+    batch_size: int = 8,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_strings: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Generate a response per prompt and score it against its reference (see ``score_generations``)."""
+    check_metric_names(metrics)
+    predictions = generate_texts(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_strings=stop_strings,
+    )
+    return score_generations(prompts, predictions, references, categories, metrics)
