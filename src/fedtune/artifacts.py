@@ -24,8 +24,8 @@ def load_final_model(run_dir: Path) -> tuple[Any, Any, ExperimentConfig]:
         raise FileNotFoundError(f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)")
     model, tokenizer = load_causal_lm(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
                                       gguf_file=cfg.model.gguf_file, seed=cfg.seed)
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    return model, tokenizer, cfg
+    tuned = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    return tuned, tokenizer, cfg
 
 
 def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | None = None) -> EvalResult:

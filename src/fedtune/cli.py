@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,6 +47,8 @@ def _setup_logging(verbose: bool) -> None:
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
 def _fail(exc: BaseException) -> None:

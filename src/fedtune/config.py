@@ -32,7 +32,7 @@ class ModelConfig(Section):
 
 class LoraConfig(Section):
     r: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
+    alpha: int = Field(16, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | Literal["auto"] = "auto"
 

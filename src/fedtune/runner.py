@@ -102,7 +102,7 @@ def _versions() -> dict[str, str]:
     return {
         "fedtune": __version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "transformers": transformers.__version__,
         "peft": peft.__version__,
     }

@@ -7,6 +7,8 @@ category), ``pathological`` (each client gets ``classes_per_client`` values of `
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 
@@ -22,6 +24,7 @@ from flwr_datasets.partitioner import (
 from fedtune.data.records import DataError, Record
 
 _INDEX = "_row"
+log = logging.getLogger("fedtune.data")
 
 
 def client_id(index: int) -> str:
@@ -85,9 +88,14 @@ def partition_records(
     partitioner = _partitioner(scheme, num_clients, by, alpha, classes_per_client, min_partition_size, seed)
     partitioner.dataset = table
     parts: dict[str, list[Record]] = {}
-    for index in range(partitioner.num_partitions):
-        rows = partitioner.load_partition(index)[_INDEX]
-        parts[client_id(index)] = [records[i] for i in sorted(rows)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index in range(partitioner.num_partitions):
+            rows = partitioner.load_partition(index)[_INDEX]
+            parts[client_id(index)] = [records[i] for i in sorted(rows)]
+    for warning in caught:
+        # e.g. the pathological scheme leaving some categories unused: worth knowing, not an error.
+        log.info("partition: %s", str(warning.message).split(" If it is")[0])
     empty = [cid for cid, part in parts.items() if not part]
     if empty:
         raise DataError(

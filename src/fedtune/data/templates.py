@@ -5,7 +5,9 @@ A template turns a record into ``(prompt, response)``; training labels only the 
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
 
 from fedtune.data.records import Record
 
@@ -23,12 +25,6 @@ ALPACA_NO_INPUT = (
 )
 
 
-class ChatTokenizer(Protocol):
-    chat_template: str | None
-
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object: ...
-
-
 def alpaca_prompt(record: Record) -> str:
     if record.input:
         return ALPACA_WITH_INPUT.format(instruction=record.instruction, input=record.input)
@@ -40,7 +36,7 @@ def plain_prompt(record: Record) -> str:
     return f"{record.instruction}\n{record.input}\n" if record.input else f"{record.instruction}\n"
 
 
-def chat_prompt(record: Record, tokenizer: ChatTokenizer) -> str:
+def chat_prompt(record: Record, tokenizer: PreTrainedTokenizerBase) -> str:
     if not tokenizer.chat_template:
         raise ValueError("template 'chat' needs a tokenizer with a chat template; use template: alpaca")
     content = f"{record.instruction}\n\n{record.input}" if record.input else record.instruction
@@ -51,7 +47,7 @@ def chat_prompt(record: Record, tokenizer: ChatTokenizer) -> str:
     return prompt
 
 
-def build_prompt(record: Record, template: TemplateName, tokenizer: ChatTokenizer | None = None) -> str:
+def build_prompt(record: Record, template: TemplateName, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
     """The prompt text the model sees before the response."""
     if template == "alpaca":
         return alpaca_prompt(record)

@@ -35,7 +35,7 @@ def attach_lora(
     model: PreTrainedModel,
     *,
     r: int,
-    alpha: float,
+    alpha: int,
     dropout: float,
     target_modules: Sequence[str] | None = None,
     seed: int = 0,

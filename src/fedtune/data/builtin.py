@@ -1,0 +1,66 @@
+"""Datasets shipped inside the package, usable offline.
+
+Each lives in ``builtin/<name>/`` as ``<split>.jsonl.gz`` files plus ``meta.json`` and the
+source's ``NOTICE``; ``scripts/make_datasets.py`` regenerates them byte for byte.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedtune.data.records import DataError, Record
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+
+
+@dataclass(frozen=True)
+class BuiltinInfo:
+    name: str
+    description: str
+    task: str  # "generation" | "math" | "classification"
+    categories: tuple[str, ...]
+    splits: dict[str, int]  # split name -> number of examples
+    licence: str
+    path: Path
+
+
+def _builtin_names() -> list[str]:
+    if not BUILTIN_DIR.is_dir():
+        return []
+    return sorted(entry.name for entry in BUILTIN_DIR.iterdir() if (entry / "meta.json").is_file())
+
+
+def list_builtin() -> list[BuiltinInfo]:
+    return [builtin_info(name) for name in _builtin_names()]
+
+
+def builtin_info(name: str) -> BuiltinInfo:
+    names = _builtin_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise DataError(f"unknown built-in dataset '{name}'{hint} (available: {', '.join(names)})")
+    path = BUILTIN_DIR / name
+    meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    return BuiltinInfo(
+        name=name,
+        description=meta["description"],
+        task=meta["task"],
+        categories=tuple(meta["categories"]),
+        splits=dict(meta["splits"]),
+        licence=meta["licence"],
+        path=path,
+    )
+
+
+def load_builtin(name: str, split: str = "train") -> list[Record]:
+    info = builtin_info(name)
+    if split not in info.splits:
+        raise DataError(f"built-in dataset '{name}' has no split '{split}' (valid: {', '.join(info.splits)})")
+    # The files are generated and checked by our own script, so rows map straight onto Record.
+    with gzip.open(info.path / f"{split}.jsonl.gz", "rt", encoding="utf-8") as handle:
+        return [Record(**json.loads(line)) for line in handle]

@@ -1,0 +1,234 @@
+"""Turn instruction data in the common on-disk formats into ``Record`` lists.
+
+Formats: JSONL (optionally gzipped), JSON (a list, or ``{"data": [...]}``), CSV, Parquet and
+Hugging Face ``datasets`` (a ``save_to_disk`` directory or a dataset id). Schemas: Alpaca
+(instruction / input / output) and Dolly (instruction / context / response / category), as
+the real files spell them. Every error names the file, the line (JSONL, CSV; 1-based) or the
+index (JSON, Parquet, HF) and the field, so a bad row can be found and fixed.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fedtune.data.builtin import list_builtin, load_builtin
+from fedtune.data.records import DataError, Record
+
+FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
+SCHEMAS = ("auto", "alpaca", "dolly")
+# Record field -> the field's name in each schema.
+SCHEMA_FIELDS = {
+    "alpaca": {"instruction": "instruction", "input": "input", "output": "output"},
+    "dolly": {"instruction": "instruction", "input": "context", "output": "response"},
+}
+EXTENSIONS = (
+    (".jsonl", "jsonl"),
+    (".jsonl.gz", "jsonl"),
+    (".json", "json"),
+    (".csv", "csv"),
+    (".parquet", "parquet"),
+)
+
+LocatedRow = tuple[str, Any]  # ("line 7" or "index 3", the raw row)
+
+
+def load_records(
+    path: str | Path,
+    *,
+    format: str = "auto",
+    schema: str = "auto",
+    split: str = "train",
+    field_map: dict[str, str] | None = None,
+) -> list[Record]:
+    """Read every row of ``path`` as a Record.
+
+    ``field_map`` renames source fields before the schema applies, e.g.
+    ``{"question": "instruction", "answer": "output"}``. ``split`` only matters for HF datasets.
+    """
+    if schema not in SCHEMAS:
+        raise DataError(f"unknown schema '{schema}' (valid: {', '.join(SCHEMAS)})")
+    resolved = _resolve_format(path, format)
+    records: list[Record] = []
+    row_schema = None if schema == "auto" else schema
+    for location, raw in _read_rows(path, resolved, split):
+        where = f"{path} {location}"
+        row = _rename(_as_mapping(raw, where), field_map or {})
+        row_schema = row_schema or _detect_schema(row, where)
+        records.append(_to_record(row, row_schema, where, position=len(records)))
+    if not records:
+        raise DataError(f"{path}: no records found")
+    return records
+
+
+def load_dataset_records(spec: str, split: str, *, format: str = "auto", schema: str = "auto") -> list[Record]:
+    """A built-in dataset by name, else a file, directory or HF dataset id."""
+    if spec in {info.name for info in list_builtin()}:
+        return load_builtin(spec, split)
+    return load_records(spec, format=format, schema=schema, split=split)
+
+
+def _resolve_format(path: str | Path, format: str) -> str:
+    if format not in FORMATS:
+        raise DataError(f"unknown format '{format}' (valid: {', '.join(FORMATS)})")
+    location = Path(path)
+    if format == "hf":
+        return format  # may be a hub id rather than a local path
+    if not location.exists():
+        raise DataError(f"{path}: file not found")
+    if format != "auto":
+        return format
+    if location.is_dir():
+        return "hf"
+    name = location.name.lower()
+    for extension, detected in EXTENSIONS:
+        if name.endswith(extension):
+            return detected
+    raise DataError(
+        f"{path}: cannot tell the format from the extension; pass format= one of {', '.join(FORMATS[1:])}"
+    )
+
+
+def _read_rows(path: str | Path, format: str, split: str) -> Iterator[LocatedRow]:
+    if format == "jsonl":
+        return _read_jsonl(Path(path))
+    if format == "json":
+        return _read_json(Path(path))
+    if format == "csv":
+        return _read_csv(Path(path))
+    if format == "parquet":
+        return _read_parquet(Path(path))
+    return _read_hf(path, split)
+
+
+def _read_jsonl(path: Path) -> Iterator[LocatedRow]:
+    gzipped = path.name.endswith(".gz")
+    with gzip.open(path, "rt", encoding="utf-8") if gzipped else path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"line {number}", json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path} line {number}: invalid JSON ({error.msg}, column {error.colno})"
+                ) from None
+
+
+def _read_json(path: Path) -> Iterator[LocatedRow]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"{path} line {error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(f'{path}: expected a list of objects or {{"data": [...]}}, got {type(data).__name__}')
+    for index, row in enumerate(data):
+        yield f"index {index}", row
+
+
+def _read_csv(path: Path) -> Iterator[LocatedRow]:
+    # utf-8-sig: spreadsheet exports often start with a byte-order mark that would corrupt the first header.
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            if None in row:
+                raise DataError(f"{path} line {reader.line_num}: more values than the header has fields")
+            yield f"line {reader.line_num}", row
+
+
+def _read_parquet(path: Path) -> Iterator[LocatedRow]:
+    # Deferred: pyarrow is slow to import and only Parquet needs it.
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        table = pyarrow.parquet.read_table(path)
+    except pyarrow.ArrowException as error:
+        raise DataError(f"{path}: not a readable Parquet file ({error})") from None
+    for index, row in enumerate(table.to_pylist()):
+        yield f"index {index}", row
+
+
+def _read_hf(path: str | Path, split: str) -> Iterator[LocatedRow]:
+    # Deferred: importing datasets takes seconds and only this format needs it.
+    import datasets
+
+    try:
+        if Path(path).is_dir():
+            dataset = datasets.load_from_disk(str(path))
+        else:
+            dataset = datasets.load_dataset(str(path), split=split)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: cannot load as a Hugging Face dataset ({error})") from None
+    if isinstance(dataset, datasets.DatasetDict):
+        if split not in dataset:
+            raise DataError(f"{path}: no split '{split}' (valid: {', '.join(dataset)})")
+        dataset = dataset[split]
+    for index, row in enumerate(dataset):
+        yield f"index {index}", row
+
+
+def _as_mapping(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: expected an object with named fields, got {type(raw).__name__}")
+    return raw
+
+
+def _rename(row: dict[str, Any], field_map: dict[str, str]) -> dict[str, Any]:
+    if not field_map:
+        return row
+    renamed = {key: value for key, value in row.items() if key not in field_map}
+    renamed.update({field_map[key]: value for key, value in row.items() if key in field_map})
+    return renamed
+
+
+def _detect_schema(row: dict[str, Any], where: str) -> str:
+    if "output" in row:
+        return "alpaca"
+    if "response" in row:
+        return "dolly"
+    raise DataError(
+        f"{where}: cannot detect the schema from fields {sorted(row)}; expected Alpaca (instruction, input, "
+        "output) or Dolly (instruction, context, response); pass schema= or field_map="
+    )
+
+
+def _to_record(row: dict[str, Any], schema: str, where: str, position: int) -> Record:
+    fields = SCHEMA_FIELDS[schema]
+    return Record(
+        instruction=_text(row, fields["instruction"], where, required=True),
+        output=_text(row, fields["output"], where, required=True),
+        input=_text(row, fields["input"], where, required=False),
+        category=_text(row, "category", where, required=False) or "general",
+        id=_identifier(row, where) or str(position),
+    )
+
+
+def _text(row: dict[str, Any], field: str, where: str, *, required: bool) -> str:
+    value = row.get(field)
+    if value is None:  # absent, an empty CSV cell past the row's end, or a null in Parquet / HF
+        if required:
+            raise DataError(f"{where}: missing field '{field}'")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise DataError(f"{where}: field '{field}' is empty")
+    return value
+
+
+def _identifier(row: dict[str, Any], where: str) -> str:
+    value = row.get("id")
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DataError(f"{where}: field 'id' must be a string or an integer, got {type(value).__name__}")
+    return str(value)
