@@ -21,9 +21,16 @@ def load_final_model(run_dir: Path) -> tuple[Any, Any, ExperimentConfig]:
     cfg = load_run_config(run_dir)
     adapter_dir = run_dir / "artifacts" / "adapter"
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)")
-    model, tokenizer = load_causal_lm(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                                      gguf_file=cfg.model.gguf_file, seed=cfg.seed)
+        raise FileNotFoundError(
+            f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)"
+        )
+    model, tokenizer = load_causal_lm(
+        cfg.model.name,
+        dtype=cfg.model.dtype,
+        device=cfg.model.device,
+        gguf_file=cfg.model.gguf_file,
+        seed=cfg.seed,
+    )
     tuned = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     return tuned, tokenizer, cfg
 
@@ -38,10 +45,22 @@ def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | No
     if max_examples:
         cfg.eval.max_examples = max_examples
     data = prepare_data(cfg)
-    result = evaluate_lm(model, tokenizer, data.eval_records, cfg.eval, template=cfg.data.template,
-                         max_length=cfg.data.max_length, seed=cfg.seed)
-    updates = {"split": cfg.data.eval_split, "examples": len(data.eval_records), "metrics": result.metrics,
-               "by_category": result.by_category, "samples": result.samples}
+    result = evaluate_lm(
+        model,
+        tokenizer,
+        data.eval_records,
+        cfg.eval,
+        template=cfg.data.template,
+        max_length=cfg.data.max_length,
+        seed=cfg.seed,
+    )
+    updates = {
+        "split": cfg.data.eval_split,
+        "examples": len(data.eval_records),
+        "metrics": result.metrics,
+        "by_category": result.by_category,
+        "samples": result.samples,
+    }
     (run_dir / "eval.json").write_text(json.dumps(updates, indent=1))
     return result
 
@@ -60,5 +79,12 @@ def generate_from_run(
 
     model, tokenizer, cfg = load_final_model(run_dir)
     texts = prompts if raw else [build_prompt(Record(p, "-"), cfg.data.template, tokenizer) for p in prompts]
-    return generate_texts(model, tokenizer, texts, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=seed)
+    return generate_texts(
+        model,
+        tokenizer,
+        texts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )

@@ -47,6 +47,7 @@ def _setup_logging(verbose: bool) -> None:
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     logging.getLogger("absl").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
@@ -138,8 +139,13 @@ def generate(
 
     try:
         texts = generate_from_run(
-            run_dir, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            seed=seed, raw=raw,
+            run_dir,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            raw=raw,
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)

@@ -53,7 +53,11 @@ class Resources:
             lora = self.cfg.lora
             targets = None if lora.target_modules == "auto" else lora.target_modules
             peft_model = attach_lora(
-                model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=targets,
+                model,
+                r=lora.r,
+                alpha=lora.alpha,
+                dropout=lora.dropout,
+                target_modules=targets,
                 seed=self.cfg.seed,
             )
             return peft_model, tokenizer

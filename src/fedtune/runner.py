@@ -199,8 +199,12 @@ class Runner:
         return algorithm, fed, server
 
     def _checkpoint(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation) -> None:
-        tree = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": fed.state_dict(),
-                "history": self.history}
+        tree = {
+            "round": rnd,
+            "algorithm": algorithm.state_dict(),
+            "federation": fed.state_dict(),
+            "history": self.history,
+        }
         save_checkpoint(self.run_dir, rnd, tree, keep=self.cfg.fed.keep_checkpoints)
 
     def _write_metrics(self) -> None:
@@ -225,8 +229,14 @@ class Runner:
         self._write_metrics()
         return int(tree["round"])
 
-    def _evaluate(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation, server: ServerContext,
-                  progress: RunProgress) -> dict[str, Any]:
+    def _evaluate(
+        self,
+        rnd: int,
+        algorithm: Algorithm,
+        fed: InProcessFederation,
+        server: ServerContext,
+        progress: RunProgress,
+    ) -> dict[str, Any]:
         progress.phase(f"r{rnd} evaluating")
         return _eval_row(algorithm.evaluate(rnd, server, fed))
 
@@ -262,8 +272,14 @@ class Runner:
         self.print_summary()
         return self.history
 
-    def _one_round(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation, server: ServerContext,
-                   progress: RunProgress) -> None:
+    def _one_round(
+        self,
+        rnd: int,
+        algorithm: Algorithm,
+        fed: InProcessFederation,
+        server: ServerContext,
+        progress: RunProgress,
+    ) -> None:
         start = time.perf_counter()
         fed.begin_round(rnd)
         result = algorithm.run_round(rnd, server, fed)
@@ -285,13 +301,19 @@ class Runner:
             return
         from fedtune.models.lora import load_adapter
 
-        model, tokenizer = server.resources.lora_lm()
+        model, _ = server.resources.lora_lm()
         load_adapter(model, final())
         target = self.run_dir / "artifacts" / "adapter"
         model.save_pretrained(str(target))
         (self.run_dir / "artifacts" / "meta.json").write_text(
-            json.dumps({"base_model": self.cfg.model.name, "template": self.cfg.data.template,
-                        "algorithm": self.cfg.algorithm}, indent=1)
+            json.dumps(
+                {
+                    "base_model": self.cfg.model.name,
+                    "template": self.cfg.data.template,
+                    "algorithm": self.cfg.algorithm,
+                },
+                indent=1,
+            )
         )
 
     def print_summary(self) -> None:
@@ -335,4 +357,3 @@ def resume_experiment(run_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
         raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir)
     return Runner(cfg, run_dir, **kwargs).run(resume=True)
-

@@ -9,7 +9,14 @@ from fedtune.config import ExperimentConfig, load_config
 from fedtune.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
-VOLATILE = {"client_seconds", "server_seconds", "round_seconds", "peak_rss_mb", "gpu_peak_mb", "client_peak_mem_mb"}
+VOLATILE = {
+    "client_seconds",
+    "server_seconds",
+    "round_seconds",
+    "peak_rss_mb",
+    "gpu_peak_mb",
+    "client_peak_mem_mb",
+}
 
 
 def tiny_config(algorithm: str, *overrides: str) -> ExperimentConfig:

@@ -78,7 +78,9 @@ def test_no_raw_client_text_in_traffic(algorithm: str, tmp_path: Path) -> None:
     cfg = tiny_config(algorithm)
     from fedtune.runner import prepare_data
 
-    texts = {t for recs in prepare_data(cfg).clients.values() for r in recs for t in (r.instruction, r.output)}
+    texts = {
+        t for recs in prepare_data(cfg).clients.values() for r in recs for t in (r.instruction, r.output)
+    }
     seen: list[Payload] = []
 
     def capture(client: str, task: str, rnd: int, reply: Payload) -> Payload:

@@ -21,7 +21,9 @@ def test_defaults_validate() -> None:
 
 def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nfed:\n  rounds: 2\n")
-    cfg = load_config(path, ["fed.rounds=5", "train.lr=0.5", "lora.target_modules=[q_proj]", "data.schema=dolly"])
+    cfg = load_config(
+        path, ["fed.rounds=5", "train.lr=0.5", "lora.target_modules=[q_proj]", "data.schema=dolly"]
+    )
     assert cfg.fed.rounds == 5
     assert cfg.train.lr == 0.5
     assert cfg.lora.target_modules == ["q_proj"]
@@ -38,7 +40,7 @@ def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
 
 
 def test_misspelt_override_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="did you mean 'fed.rounds'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'fed\.rounds'"):
         load_config(write(tmp_path, ""), ["fed.round=3"])
 
 

@@ -9,8 +9,8 @@ from fedtune.data.records import Record
 from fedtune.data.tokenize import IGNORE_INDEX, batch_indices, collate, encode_example, encode_records
 from fedtune.models.lora import adapter_arrays, attach_lora, load_adapter
 from fedtune.models.tiny import tiny_model
-from fedtune.train.losses import causal_lm_nll, proximal_term
 from fedtune.train.loop import train_local
+from fedtune.train.losses import causal_lm_nll, proximal_term
 from fedtune.train.optim import build_optimizer, schedule_factor
 
 
@@ -28,7 +28,9 @@ def test_truncation_keeps_response_and_prompt_end() -> None:
     ex = encode_example("x" * 100 + "END", "y" * 100, tok, max_length=40)
     assert len(ex.input_ids) == 40
     assert ex.num_target_tokens >= 20
-    assert tok.decode([i for i, lab in zip(ex.input_ids, ex.labels) if lab == IGNORE_INDEX]).endswith("END")
+    assert tok.decode(
+        [i for i, lab in zip(ex.input_ids, ex.labels, strict=True) if lab == IGNORE_INDEX]
+    ).endswith("END")
 
 
 def test_collate_pads_right_and_masks_labels() -> None:
@@ -112,7 +114,9 @@ def test_grad_accumulation_equals_one_big_batch() -> None:
     opt_b = build_optimizer(model_b.parameters(), "sgd", lr=0.5)
     train_local(model_a, batches, opt_a, None, steps=1, grad_accum=2)
     train_local(model_b, [big], opt_b, None, steps=1)
-    for (_, pa), (_, pb) in zip(adapter_arrays(model_a).items(), adapter_arrays(model_b).items(), strict=True):
+    for (_, pa), (_, pb) in zip(
+        adapter_arrays(model_a).items(), adapter_arrays(model_b).items(), strict=True
+    ):
         assert torch.allclose(torch.from_numpy(pa), torch.from_numpy(pb), atol=1e-5)
 
 

@@ -122,7 +122,6 @@ class FedIT(Algorithm):
         return {ADAPTER + k: v for k, v in self.global_adapter.items()}
 
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
-        model, _ = server.resources.lora_lm()
         if self.cfg.fed.mode == "standalone" and rnd > 0:
             states = getattr(fed, "states", {})
             personal = [s["adapter"] for s in states.values() if "adapter" in s]
@@ -130,7 +129,9 @@ class FedIT(Algorithm):
                 return mean_results([self._evaluate_adapter(a, server, rnd) for a in personal])
         return self._evaluate_adapter(self.global_adapter, server, rnd)
 
-    def _evaluate_adapter(self, adapter: Mapping[str, np.ndarray], server: ServerContext, rnd: int) -> EvalResult:
+    def _evaluate_adapter(
+        self, adapter: Mapping[str, np.ndarray], server: ServerContext, rnd: int
+    ) -> EvalResult:
         model, tokenizer = server.resources.lora_lm()
         load_adapter(model, adapter)
         return evaluate_lm(

@@ -65,7 +65,9 @@ def load_records(
     return records
 
 
-def load_dataset_records(spec: str, split: str, *, format: str = "auto", schema: str = "auto") -> list[Record]:
+def load_dataset_records(
+    spec: str, split: str, *, format: str = "auto", schema: str = "auto"
+) -> list[Record]:
     """A built-in dataset by name, else a file, directory or HF dataset id."""
     if spec in {info.name for info in list_builtin()}:
         return load_builtin(spec, split)

@@ -47,7 +47,9 @@ def chat_prompt(record: Record, tokenizer: PreTrainedTokenizerBase) -> str:
     return prompt
 
 
-def build_prompt(record: Record, template: TemplateName, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
+def build_prompt(
+    record: Record, template: TemplateName, tokenizer: PreTrainedTokenizerBase | None = None
+) -> str:
     """The prompt text the model sees before the response."""
     if template == "alpaca":
         return alpaca_prompt(record)

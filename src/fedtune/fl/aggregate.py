@@ -38,5 +38,6 @@ def server_step(
     if server_lr == 1.0:
         return {key: np.array(value, copy=True) for key, value in average.items()}
     return {
-        key: (value + server_lr * (average[key] - value)).astype(value.dtype) for key, value in current.items()
+        key: (value + server_lr * (average[key] - value)).astype(value.dtype)
+        for key, value in current.items()
     }

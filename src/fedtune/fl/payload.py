@@ -7,13 +7,12 @@ never as bf16 (Flower arrays cannot hold it), so bf16 tensors are widened to fp3
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Union
 
 import numpy as np
 import torch
 
-Scalar = Union[int, float, str, bool]
-Value = Union[np.ndarray, Scalar]
+Scalar = int | float | str | bool
+Value = np.ndarray | Scalar
 Payload = dict[str, Value]
 
 _SCALAR_BYTES = 8

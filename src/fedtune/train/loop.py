@@ -83,9 +83,7 @@ def train_local(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    )
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     model.train()
     start = time.perf_counter()
     total_nll, total_targets, total_tokens, num_examples, cursor = 0.0, 0, 0, 0, 0

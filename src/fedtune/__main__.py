@@ -1,0 +1,3 @@
+from fedtune.cli import app
+
+app()

@@ -1,0 +1,277 @@
+"""Turn a model name into a ready (model, tokenizer) pair: on a device, in a dtype, in eval mode.
+
+A name is tried, in order, as:
+1. ``tiny-<arch>`` or ``tiny-<arch>-L<layers>-H<hidden>``: a seeded random model from `fedtune.models.tiny`;
+2. a zoo name (`fedtune.models.zoo`): fetched and converted once, then loaded from the cache;
+3. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
+4. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
+5. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from fedtune.models.tiny import TINY_ARCHS, tiny_model
+from fedtune.models.zoo import convert_gguf_cached, fetch, get_entry, zoo_names
+
+ModelKind = Literal["causal-lm", "encoder"]
+PaddingSide = Literal["left", "right"]
+
+# Encoder-only families: transformers maps some of them to a causal-LM head too, which would load an
+# untrained decoder head without complaint.
+ENCODER_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "mpnet"}
+)
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+_TINY_NAME = re.compile(r"tiny-(?P<arch>[a-z0-9]+)(?:-L(?P<layers>\d+)-H(?P<hidden>\d+))?")
+
+
+class ModelError(ValueError):
+    """A model name, directory, device or dtype that cannot be loaded, with what to do instead."""
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    arch: str
+    num_layers: int = 2
+    hidden: int = 32
+
+
+def parse_tiny_name(name: str) -> TinySpec | None:
+    """``tiny-llama`` -> TinySpec("llama"); ``tiny-qwen2-L4-H64`` -> 4 layers of width 64; else None."""
+    if not name.startswith("tiny-"):
+        return None
+    match = _TINY_NAME.fullmatch(name)
+    if match is None or match["arch"] not in TINY_ARCHS:
+        raise ModelError(
+            f"bad tiny model name {name!r}: use tiny-<arch> or tiny-<arch>-L<layers>-H<hidden> "
+            f"with arch one of {', '.join(TINY_ARCHS)}"
+        )
+    if match["layers"] is None:
+        return TinySpec(match["arch"])
+    spec = TinySpec(match["arch"], int(match["layers"]), int(match["hidden"]))
+    # tiny.py gives every attention head a width of 16.
+    if spec.num_layers < 1 or spec.hidden < 16 or spec.hidden % 16:
+        raise ModelError(
+            f"bad tiny model name {name!r}: needs >= 1 layer and a hidden size that is a multiple of 16"
+        )
+    return spec
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> the CUDA GPU if there is one, else the CPU; otherwise any torch device string."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ModelError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:<index>") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} asked for, but torch sees no CUDA GPU here; use auto or cpu")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> bfloat16 on a GPU that supports it, float32 otherwise; or fp32 / bf16 / fp16."""
+    if dtype == "auto":
+        on_bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if on_bf16_gpu else torch.float32
+    if dtype not in _DTYPES:
+        close = difflib.get_close_matches(dtype, [*_DTYPES, "auto"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"unknown dtype {dtype!r}{hint} (use auto, fp32, bf16 or fp16)")
+    return _DTYPES[dtype]
+
+
+def _looks_like_path(name: str) -> bool:
+    # Hub ids are "name" or "owner/name"; anything else path-shaped is meant as a local path.
+    return name.startswith(("/", ".", "~")) or name.endswith(".gguf") or name.count("/") > 1
+
+
+def _local_dir(path: Path, gguf_file: str | None, cache_dir: Path | None) -> Path:
+    if gguf_file is not None:
+        return convert_gguf_cached(path / gguf_file, cache_dir)
+    if not (path / "config.json").is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        hint = f"; it holds {', '.join(ggufs)}: pass gguf_file=" if ggufs else ""
+        raise ModelError(f"{path} is not a Hugging Face model directory: it has no config.json{hint}")
+    return path
+
+
+def _hub_gguf(repo_id: str, gguf_file: str, cache_dir: Path | None) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        local_file = hf_hub_download(repo_id, gguf_file)
+    except (OSError, ValueError) as err:
+        raise _not_found(repo_id, err) from err
+    return convert_gguf_cached(Path(local_file), cache_dir)
+
+
+def resolve_source(
+    name: str, kind: ModelKind, cache_dir: Path | None = None, gguf_file: str | None = None
+) -> Path | str:
+    """Where ``from_pretrained`` should load a non-tiny ``name`` from: a local directory or a hub id."""
+    if name in zoo_names():
+        entry = get_entry(name)
+        if kind == "causal-lm" and entry.kind != kind:
+            raise ModelError(f"{name} is an {entry.kind}, not a causal LM: use load_encoder_classifier")
+        return fetch(entry, cache_dir)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _local_dir(path, gguf_file, cache_dir)
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf_cached(path, cache_dir)
+    if _looks_like_path(name):
+        raise ModelError(f"no model directory or .gguf file at {path}")
+    if gguf_file is not None:
+        return _hub_gguf(name, gguf_file, cache_dir)
+    return name
+
+
+def _not_found(name: str, err: BaseException) -> ModelError:
+    from huggingface_hub.constants import is_offline_mode
+
+    known = [*zoo_names(), *(f"tiny-{arch}" for arch in TINY_ARCHS)]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    where = (
+        "in the local Hugging Face cache (offline mode: HF_HUB_OFFLINE is set)"
+        if is_offline_mode()
+        else "on the Hugging Face Hub"
+    )
+    return ModelError(
+        f"{name!r} is not a tiny model, a zoo model, a local directory or a .gguf file, and was not found "
+        f"{where}.{hint} Zoo models: {', '.join(zoo_names())}; tiny models: "
+        f"tiny-<arch>[-L<layers>-H<hidden>] with arch one of {', '.join(TINY_ARCHS)}. "
+        f"({type(err).__name__}: {str(err).splitlines()[0]})"
+    )
+
+
+def _load_config(source: Path | str, name: str, kind: ModelKind) -> Any:
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as err:
+        if isinstance(source, Path):
+            raise
+        raise _not_found(name, err) from err
+    if kind == "causal-lm" and config.model_type in ENCODER_MODEL_TYPES:
+        raise ModelError(
+            f"{name} is a {config.model_type} encoder, not a causal LM: use load_encoder_classifier"
+        )
+    return config
+
+
+def _finish(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    dtype: torch.dtype,
+    padding_side: PaddingSide | None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Pad token, padding side, device, dtype and eval mode, the same for every source."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError("the tokenizer has neither a pad nor an eos token to pad batches with")
+        # Padding is masked out of attention and loss, so reusing eos costs nothing.
+        tokenizer.pad_token = tokenizer.eos_token
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and generation_config.pad_token_id is None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' wrapper confuses mypy
+    return model.eval(), tokenizer
+
+
+def load_causal_lm(
+    name: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    cache_dir: Path | None = None,
+    gguf_file: str | None = None,
+    seed: int = 0,
+    padding_side: PaddingSide | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer (see the module docstring for what ``name`` may be)."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    tiny = parse_tiny_name(name)
+    if tiny is not None:
+        if tiny.arch == "bert":
+            raise ModelError(f"{name} is an encoder, not a causal LM: use load_encoder_classifier")
+        model, tokenizer = tiny_model(tiny.arch, num_layers=tiny.num_layers, hidden=tiny.hidden, seed=seed)
+        return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
+    source = resolve_source(name, "causal-lm", cache_dir, gguf_file)
+    _load_config(source, name, "causal-lm")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
+
+
+def load_encoder_classifier(
+    name: str,
+    num_labels: int,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    cache_dir: Path | None = None,
+    gguf_file: str | None = None,
+    seed: int = 0,
+    padding_side: PaddingSide | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A sequence classifier with a ``num_labels``-way head: freshly initialised from ``seed`` unless the
+    checkpoint already holds a head of that width, which is kept.
+
+    Meant for encoders (``all-minilm-l6-v2``, ``tiny-bert``), but any model transformers can put a
+    classification head on is accepted.
+    """
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    tiny = parse_tiny_name(name)
+    if tiny is not None:
+        if tiny.arch != "bert":
+            raise ModelError(f"tiny classifiers are BERT only: use tiny-bert, not {name}")
+        model, tokenizer = tiny_model(
+            "bert", num_layers=tiny.num_layers, hidden=tiny.hidden, num_labels=num_labels, seed=seed
+        )
+        return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
+    source = resolve_source(name, "encoder", cache_dir, gguf_file)
+    _load_config(source, name, "encoder")
+    torch.manual_seed(seed)
+    # A checkpoint's own head of another width (e.g. a tiny-bert saved with 2 labels) is replaced.
+    model = AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=num_labels, dtype=torch_dtype, ignore_mismatched_sizes=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)

@@ -1,0 +1,60 @@
+"""A short real run: SmolLM2-135M-Instruct from the offline zoo, 2 clients, 1 round, via the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "configs" / "demo" / "fedit-smollm2.yaml"
+
+
+def fedtune(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "fedtune", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+@pytest.mark.slow
+def test_real_smollm2_round_trip(tmp_path: Path) -> None:
+    run_dir = tmp_path / "smoke"
+    result = fedtune(
+        "run",
+        str(DEMO),
+        "-o",
+        str(run_dir),
+        "progress=false",
+        "fed.rounds=1",
+        "train.max_steps=2",
+        "data.partition.num_clients=2",
+        "data.max_train_examples=64",
+        "eval.max_examples=4",
+        "eval.max_new_tokens=8",
+        "eval.every=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    assert math.isfinite(rows[1]["train_loss"]) and rows[1]["bytes_up"] > 0
+    assert 1.0 < rows[1]["eval"]["perplexity"] < 1000.0
+    assert (run_dir / "artifacts" / "adapter" / "adapter_config.json").is_file()
+    generated = fedtune(
+        "generate", str(run_dir), "--prompt", "Give a synonym of 'big'.", "--max-new-tokens", "8"
+    )
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert len(generated.stdout.strip()) > len("Give a synonym of 'big'.")
+    report = fedtune("report", str(run_dir))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (run_dir / "report.md").is_file()
