@@ -29,7 +29,8 @@ app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
 
 console = Console(stderr=True)
-out = Console()
+# Piped output (files, CI logs) gets wide tables instead of 80-column wrapping.
+out = Console() if sys.stdout.isatty() else Console(width=200)
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError, FileExistsError)
 

@@ -1,0 +1,63 @@
+"""FedIT's options and run modes on the tiny config: FedProx, standalone, centralized, sampling."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.resources import Resources
+from tests.integration.helpers import quiet_runner, tiny_config
+
+
+def final_state(run_dir: Path) -> dict[str, np.ndarray]:
+    path = latest_checkpoint(run_dir)
+    assert path is not None
+    return load_checkpoint(path)["algorithm"]["global_adapter"]  # type: ignore[no-any-return]
+
+
+def distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    return math.sqrt(sum(float(np.sum((a[k] - b[k]) ** 2)) for k in a))
+
+
+def test_fedprox_pulls_clients_towards_the_global_model(tmp_path: Path) -> None:
+    plain = quiet_runner(tiny_config("fedit", "fed.rounds=1", "eval.before=false"), tmp_path / "avg")
+    prox = quiet_runner(
+        tiny_config("fedit", "fed.rounds=1", "eval.before=false", "fedit.prox_mu=1000.0"), tmp_path / "prox"
+    )
+    plain.run()
+    prox.run()
+    start = Resources(tiny_config("fedit")).initial_adapter()
+    assert distance(final_state(tmp_path / "prox"), start) < distance(final_state(tmp_path / "avg"), start)
+
+
+def test_standalone_keeps_a_personal_adapter_per_client(tmp_path: Path) -> None:
+    runner = quiet_runner(tiny_config("fedit", "fed.mode=standalone"), tmp_path / "run")
+    history = runner.run()
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    clients = load_checkpoint(path)["federation"]["clients"]
+    adapters = [state["adapter"] for state in clients.values()]
+    assert len(adapters) == 4
+    first_key = next(iter(adapters[0]))
+    assert not np.allclose(adapters[0][first_key], adapters[1][first_key])
+    # Nothing is broadcast after round 1: each client continues from its own adapter.
+    assert history[2]["bytes_down"] < history[1]["bytes_down"]
+
+
+def test_centralized_trains_one_model_on_all_data(tmp_path: Path) -> None:
+    history = quiet_runner(tiny_config("fedit", "fed.mode=centralized"), tmp_path / "run").run()
+    assert history[1]["clients"] == ["central"]
+    assert history[1]["num_examples"] == 96
+
+
+def test_client_sampling_fraction(tmp_path: Path) -> None:
+    history = quiet_runner(
+        tiny_config("fedit", "fed.fraction=0.5", "fed.rounds=3", "eval.every=3"), tmp_path / "run"
+    ).run()
+    sampled = [tuple(row["clients"]) for row in history[1:]]
+    assert all(len(s) == 2 for s in sampled)
+    assert len(set(sampled)) > 1
+    assert "eval" not in history[1] and "eval" in history[3]
