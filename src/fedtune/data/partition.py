@@ -72,6 +72,11 @@ def partition_records(
     """Client id -> its records. Deterministic for a given seed; every client gets >= 1 record."""
     if not records:
         raise DataError("cannot partition an empty training set")
+    if scheme != "natural" and len(records) < num_clients:
+        raise DataError(
+            f"{len(records)} training records cannot be spread over {num_clients} clients without data; "
+            "lower data.partition.num_clients"
+        )
     if by not in Record.__dataclass_fields__:
         raise DataError(f"data.partition.by: records have no field {by!r}")
     table = datasets.Dataset.from_dict(

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from fedtune.data.partition import category_counts, partition_records
+from fedtune.data.records import DataError, Record
+
+RECORDS = [Record(f"q{i}", f"a{i}", category=f"cat{i % 8}", id=str(i)) for i in range(400)]
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "pathological"])
+def test_partitions_are_disjoint_complete_and_seeded(scheme: str) -> None:
+    parts = partition_records(RECORDS, scheme=scheme, num_clients=4, seed=3)
+    ids = [rec.id for part in parts.values() for rec in part]
+    assert len(ids) == len(set(ids))
+    assert set(parts) == {"c00", "c01", "c02", "c03"}
+    assert parts == partition_records(RECORDS, scheme=scheme, num_clients=4, seed=3)
+    if scheme == "iid":
+        assert len(ids) == 400
+
+
+def test_pathological_gives_each_client_k_categories() -> None:
+    counts = category_counts(partition_records(RECORDS, scheme="pathological", num_clients=4, seed=0))
+    assert all(len(cats) == 2 for cats in counts.values())
+
+
+def test_dirichlet_small_alpha_is_skewed() -> None:
+    skewed = category_counts(partition_records(RECORDS, scheme="dirichlet", num_clients=4, alpha=0.1, seed=0))
+    even = category_counts(partition_records(RECORDS, scheme="dirichlet", num_clients=4, alpha=100.0, seed=0))
+    assert sum(len(c) for c in skewed.values()) < sum(len(c) for c in even.values())
+
+
+def test_natural_is_one_client_per_category() -> None:
+    counts = category_counts(partition_records(RECORDS, scheme="natural", num_clients=1))
+    assert len(counts) == 8 and all(len(cats) == 1 for cats in counts.values())
+
+
+def test_errors_name_the_problem() -> None:
+    with pytest.raises(DataError, match="classes_per_client"):
+        partition_records(RECORDS, scheme="pathological", num_clients=4, classes_per_client=9)
+    with pytest.raises(DataError, match="no field"):
+        partition_records(RECORDS, scheme="iid", num_clients=4, by="colour")
+    with pytest.raises(DataError, match="empty"):
+        partition_records([], scheme="iid", num_clients=4)
+    with pytest.raises(DataError, match="without data"):
+        partition_records(RECORDS[:3], scheme="iid", num_clients=4)
