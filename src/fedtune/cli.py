@@ -185,12 +185,17 @@ def bench(
     runpy.run_path(str(script), run_name="__main__")
 
 
+CacheOption = Annotated[
+    Path | None, typer.Option("--cache-dir", help="model cache (default $FEDTUNE_CACHE or ~/.cache/fedtune)")
+]
+
+
 @models_app.command("list")
-def models_list() -> None:
+def models_list(cache_dir: CacheOption = None) -> None:
     """The offline zoo: name, size, where it is cached."""
     from fedtune.models.zoo import zoo_table
 
-    rows = zoo_table()
+    rows = zoo_table(cache_dir)
     table = Table(title="fedtune model zoo")
     for column in rows[0]:
         table.add_column(column)
@@ -200,19 +205,19 @@ def models_list() -> None:
 
 
 @models_app.command("fetch")
-def models_fetch(name: Annotated[str, typer.Argument(help="zoo name")]) -> None:
+def models_fetch(name: Annotated[str, typer.Argument(help="zoo name")], cache_dir: CacheOption = None) -> None:
     """Download, verify (sha256) and convert a zoo model once into the cache."""
     from fedtune.models.zoo import fetch
 
     try:
-        path = fetch(name)
+        path = fetch(name, cache_dir)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     out.print(str(path))
 
 
 @models_app.command("path")
-def models_path(name: Annotated[str, typer.Argument(help="zoo name")]) -> None:
+def models_path(name: Annotated[str, typer.Argument(help="zoo name")], cache_dir: CacheOption = None) -> None:
     """Print where a zoo model is cached (exit 1 if not fetched yet)."""
     from fedtune.models.zoo import get_entry, zoo_path
 
@@ -220,7 +225,7 @@ def models_path(name: Annotated[str, typer.Argument(help="zoo name")]) -> None:
         get_entry(name)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
-    path = zoo_path(name)
+    path = zoo_path(name, cache_dir)
     if path is None:
         console.print(f"{name} is not fetched yet: run `fedtune models fetch {name}`")
         raise typer.Exit(code=1)

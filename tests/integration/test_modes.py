@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.resources import Resources
@@ -61,3 +62,11 @@ def test_client_sampling_fraction(tmp_path: Path) -> None:
     assert all(len(s) == 2 for s in sampled)
     assert len(set(sampled)) > 1
     assert "eval" not in history[1] and "eval" in history[3]
+
+
+@pytest.mark.parametrize("arch", ["tiny-qwen2", "tiny-gpt2"])
+def test_other_decoder_families_run(arch: str, tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", f"model.name={arch}", "fed.rounds=1", "eval.metrics=[perplexity]")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    assert history[1]["eval"]["perplexity"] < history[0]["eval"]["perplexity"]
+    assert history[1]["bytes_up"] > 0

@@ -48,6 +48,8 @@ def attach_lora(
         lora_dropout=dropout,
         target_modules=list(target_modules or default_targets(model)),
         task_type=task_type,
+        # GPT-2 stores its projections as Conv1D (weight transposed).
+        fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2",
     )
     torch.manual_seed(seed)
     return get_peft_model(model, config)

@@ -1,0 +1,77 @@
+"""The benchmark scripts run end to end at smoke size and write well-formed results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    # bench/ is a folder of scripts, not a package: load each by path, as `fedtune bench` does.
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads() -> object:
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_p3_smoke_writes_results(tmp_path: Path) -> None:
+    _load("p3").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p3.smoke.json").read_text())
+    assert (tmp_path / "p3.smoke.md").read_text().startswith("P3")
+    assert record["smoke"] is True and record["model"] == "tiny-llama"
+    assert {"machine", "command", "started", "finished"} <= set(record)
+    assert record["machine"]["versions"]["torch"]
+    summary = record["summary"]
+    assert set(summary) == {"ours", "trainer", "ours_bucketed"}
+    for variant, numbers in summary.items():
+        assert _positive(numbers["steps_per_s"]) and _positive(numbers["real_tokens_per_s"]), variant
+        if variant != "trainer":
+            assert _positive(numbers["steps_per_s_vs_trainer"])
+            assert _positive(numbers["real_tokens_per_s_vs_trainer"])
+    runs = record["runs"]
+    assert len(runs) == 3 and all(run["timed_steps"] == 2 for run in runs)
+    # Ours and Trainer are fed the very same batches: the same real tokens are timed.
+    by_variant = {run["variant"]: run for run in runs}
+    assert by_variant["ours"]["real_tokens"] == by_variant["trainer"]["real_tokens"]
+    assert by_variant["ours"]["padded_tokens"] == by_variant["trainer"]["padded_tokens"]
+
+
+def test_p4_smoke_writes_results(tmp_path: Path) -> None:
+    _load("p4").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p4.smoke.json").read_text())
+    assert (tmp_path / "p4.smoke.md").read_text().startswith("P4")
+    assert record["smoke"] is True and record["config"]["clients_per_round"] == 10
+    overhead = record["overhead_ms_per_client"]
+    assert _positive(overhead["ours"]) and _positive(overhead["yardstick"])
+    assert len(overhead["ours_rounds_s"]) == len(overhead["yardstick_rounds_s"]) == 1
+    memory = record["memory_mb"]
+    assert memory["clients_holding_adapters"] == 10
+    for key in ("base_model_rss", "rss_after", "peak_rss_after", "budget", "yardstick_rss_extrapolated"):
+        assert _positive(memory[key]), key
+    assert all(_positive(ms) for ms in record["breakdown_ms"].values())
+    assert _positive(record["adapter_bytes"]) and record["full_state_bytes"] > record["adapter_bytes"]
