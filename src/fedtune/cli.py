@@ -205,7 +205,9 @@ def models_list(cache_dir: CacheOption = None) -> None:
 
 
 @models_app.command("fetch")
-def models_fetch(name: Annotated[str, typer.Argument(help="zoo name")], cache_dir: CacheOption = None) -> None:
+def models_fetch(
+    name: Annotated[str, typer.Argument(help="zoo name")], cache_dir: CacheOption = None
+) -> None:
     """Download, verify (sha256) and convert a zoo model once into the cache."""
     from fedtune.models.zoo import fetch
 

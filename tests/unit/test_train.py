@@ -10,7 +10,7 @@ from fedtune.data.tokenize import IGNORE_INDEX, batch_indices, collate, encode_e
 from fedtune.models.lora import adapter_arrays, attach_lora, load_adapter
 from fedtune.models.tiny import tiny_model
 from fedtune.train.loop import train_local
-from fedtune.train.losses import causal_lm_nll, proximal_term
+from fedtune.train.losses import causal_lm_nll, proximal_term, response_nll
 from fedtune.train.optim import build_optimizer, schedule_factor
 
 
@@ -143,3 +143,21 @@ def test_adapter_state_round_trip_and_shape_check() -> None:
         load_adapter(model, bad)
     with pytest.raises(KeyError, match="lacks"):
         load_adapter(model, {})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_response_nll_equals_the_full_logits_loss(arch: str) -> None:
+    model, tok = tiny_model(arch, seed=1)
+    peft_model = attach_lora(model, r=4, alpha=8, dropout=0.0, seed=0)
+    examples = encode_records(
+        [Record("define x", "a letter"), Record("q", "longer answer here")], tok, "alpaca", 96
+    )
+    batch = collate(examples, tok.pad_token_id)
+    fast, count = response_nll(peft_model, batch)
+    logits = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    full, full_count = causal_lm_nll(logits, batch["labels"])
+    assert count == full_count
+    assert torch.allclose(fast, full, rtol=1e-5)
+    fast.backward()
+    grads = [p.grad for p in peft_model.parameters() if p.requires_grad]
+    assert all(g is not None for g in grads) and any(float(g.abs().sum()) > 0 for g in grads)

@@ -13,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from fedtune.train.losses import causal_lm_nll, proximal_term
+from fedtune.train.losses import proximal_term, response_nll
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, int]]
@@ -37,8 +37,7 @@ class TrainResult:
 
 def sft_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
     """Summed response-token NLL of a causal LM and the number of target tokens."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return causal_lm_nll(logits, batch["labels"])
+    return response_nll(model, batch)
 
 
 def peak_rss_mb() -> float:

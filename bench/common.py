@@ -1,0 +1,158 @@
+"""Helpers shared by the benchmark scripts: arguments, machine facts, results files, tables.
+
+Conventions every ``bench/p*.py`` follows:
+- ``--smoke`` runs a CI-sized version (tiny model, a few steps, seconds) and writes
+  ``<name>.smoke.json`` so a smoke run never overwrites the real results;
+- ``--results-dir`` (default ``bench/results``) is where ``<name>.json`` and ``<name>.md`` go;
+- ``--threads`` (default 2) pins torch's intra-op threads, the same for both sides of a comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--smoke", action="store_true", help="CI-sized run on a tiny model (seconds)")
+    parser.add_argument(
+        "--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where <name>.json / .md are written"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both sides)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def setup_torch(threads: int) -> None:
+    # Offline by default: benchmarks use the local zoo and built-in data only.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "versions": {p: _version(p) for p in ("torch", "transformers", "peft", "accelerate", "numpy")},
+    }
+    try:
+        import psutil
+
+        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    # The machines are shared: the load says how noisy the numbers of this run may be.
+    info["load_avg_at_end"] = load_avg()
+    return info
+
+
+def load_avg() -> list[float]:
+    """1, 5 and 15 minute load averages (empty where the OS has none)."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def median(values: Iterable[float]) -> float:
+    data = list(values)
+    if not data:
+        raise ValueError("median of no values")
+    return float(statistics.median(data))
+
+
+def rss_mb() -> float:
+    """Current resident memory of this process."""
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_name(name: str, smoke: bool) -> str:
+    return f"{name}.smoke" if smoke else name
+
+
+def write_results(
+    name: str,
+    results: dict[str, Any],
+    markdown: str,
+    *,
+    results_dir: Path,
+    smoke: bool,
+    started: str,
+    start_load: list[float] | None = None,
+) -> Path:
+    """Write ``<name>.json`` (results plus run metadata) and ``<name>.md``; return the JSON path."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stem = results_name(name, smoke)
+    record = {
+        "benchmark": name,
+        "load_avg_at_start": start_load,
+        "smoke": smoke,
+        "command": [Path(sys.executable).name, *sys.argv],
+        "started": started,
+        "finished": now(),
+        "machine": machine_info(),
+        **results,
+    }
+    path = results_dir / f"{stem}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    (results_dir / f"{stem}.md").write_text(markdown + "\n", encoding="utf-8")
+    return path
