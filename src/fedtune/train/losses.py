@@ -36,7 +36,8 @@ def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> t
     full-vocabulary softmax and their backward buffers were wasted (bench/p3.py: 1.12x steps/s).
     Falls back to the full logits for families whose head is not a plain linear map.
     """
-    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
     config = getattr(base, "config", None)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if getattr(config, "model_type", None) not in PLAIN_HEAD_FAMILIES or head is None:
