@@ -78,7 +78,7 @@ def write_run(run_dir: Path, name: str, algorithm: str, metrics_text: str) -> Pa
     config = {
         "name": name,
         "seed": 7,
-        "algorithm": {"name": algorithm},
+        "algorithm": algorithm,
         "model": {"name": "tiny-gpt2"},
         "data": {"dataset": "dolly", "partition": {"scheme": "dirichlet", "num_clients": 3}},
         "fed": {"rounds": 2, "mode": "simulation"},

@@ -26,7 +26,7 @@ from fedtune.report.tables import format_delta, markdown_table, partition_table
 
 CONFIG_ESSENTIALS = [
     ("name", "Run name"),
-    ("algorithm.name", "Algorithm"),
+    ("algorithm", "Algorithm"),
     ("model.name", "Model"),
     ("data.dataset", "Dataset"),
     ("data.partition.scheme", "Partition"),
@@ -252,7 +252,7 @@ def _compare_cells(label: str, run: Run, metrics: list[str]) -> list[object]:
     trained = run.trained_rows
     return [
         label,
-        config_value(run.config, "algorithm.name"),
+        config_value(run.config, "algorithm"),
         max((row["round"] for row in trained), default=0),
         *[final.get(metric) for metric in metrics],
         _total(trained, "bytes_up") / BYTES_PER_MB,
