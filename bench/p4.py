@@ -23,8 +23,7 @@ import gc
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,62 +95,6 @@ class Simulation:
         return seconds
 
 
-_ALIASES: dict[int, dict[str, Any]] = {}
-
-
-def _aliases(model: Any) -> dict[str, Any]:
-    """peft's adapter state dict of ``model``, built once: its tensors alias the LoRA parameters.
-
-    ``get_peft_model_state_dict`` walks and filters the whole model's state dict (~20 ms on
-    SmolLM2); the tensors it returns are views of the parameters, so one walk is enough.
-    """
-    from peft import get_peft_model_state_dict
-
-    if id(model) not in _ALIASES:
-        view = get_peft_model_state_dict(model)
-        owned = {p.data_ptr() for p in model.parameters()}
-        if not all(t.data_ptr() in owned for t in view.values()):
-            raise RuntimeError("peft's adapter state dict does not alias the parameters of this model")
-        _ALIASES[id(model)] = view
-    return _ALIASES[id(model)]
-
-
-def cached_load_adapter(model: Any, state: Mapping[str, Any]) -> None:
-    """``load_adapter`` (same checks) copying straight into the cached parameter aliases."""
-    import numpy as np
-    import torch
-
-    view = _aliases(model)
-    missing = sorted(set(view) - set(state))
-    if missing:
-        raise KeyError(f"adapter state lacks {len(missing)} keys, e.g. {missing[0]}")
-    with torch.no_grad():
-        for key, target in view.items():
-            value = state[key]
-            tensor = torch.from_numpy(np.asarray(value)) if isinstance(value, np.ndarray) else value
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(f"adapter key {key}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-            target.copy_(tensor)
-
-
-def cached_adapter_arrays(model: Any) -> dict[str, Any]:
-    """``adapter_arrays`` read from the cached parameter aliases."""
-    return {key: t.detach().float().cpu().numpy().copy() for key, t in _aliases(model).items()}
-
-
-@contextmanager
-def cached_adapter_io() -> Iterator[None]:
-    """Run FedIT's client with the cached adapter get/set (the candidate fix) instead of peft's."""
-    import fedtune.algorithms.fedavg as fedavg
-
-    saved = fedavg.load_adapter, fedavg.adapter_arrays
-    fedavg.load_adapter, fedavg.adapter_arrays = cached_load_adapter, cached_adapter_arrays
-    try:
-        yield
-    finally:
-        fedavg.load_adapter, fedavg.adapter_arrays = saved
-
-
 class FullStateSwap:
     """OpenFedLLM-style simulation: one model, the full state dict loaded and deep-copied per client."""
 
@@ -208,8 +151,6 @@ def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats:
     return {
         "load_adapter": _per_call_ms(lambda: load_adapter(model, adapter), repeats),
         "adapter_arrays": _per_call_ms(lambda: adapter_arrays(model), repeats),
-        "cached_load_adapter": _per_call_ms(lambda: cached_load_adapter(model, adapter), repeats),
-        "cached_adapter_arrays": _per_call_ms(lambda: cached_adapter_arrays(model), repeats),
         "payload_nbytes": _per_call_ms(lambda: payload_nbytes(reply), repeats),
         "validate_reply": _per_call_ms(lambda: validate_reply(reply, spec), repeats),
         "validate_reply_without_reference": _per_call_ms(
@@ -295,15 +236,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             federated_cfg = _config(model_name, num_clients, "federated")
             sides: dict[str, Any] = {
                 "ours": Simulation(federated_cfg, resources, client_data, workdir),
-                "ours_cached_adapter": Simulation(federated_cfg, resources, client_data, workdir),
                 "yardstick": FullStateSwap(model, sizes),
             }
             seconds: dict[str, list[float]] = {name: [] for name in sides}
             for rnd in range(rounds + 1):
                 line = []
                 for name, side in sides.items():
-                    with cached_adapter_io() if name == "ours_cached_adapter" else nullcontext():
-                        elapsed = side.round()
+                    elapsed = side.round()
                     line.append(f"{name} {1000 * elapsed / num_clients:.1f}")
                     if rnd > 0:
                         seconds[name].append(elapsed)
@@ -348,27 +287,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         [
             "overhead per client per round (ms, median)",
             f"{ms['ours']:.1f}",
-            f"{ms['ours_cached_adapter']:.1f}",
             f"{ms['yardstick']:.1f}",
             "<= 50",
         ],
         [
             "  load adapter into the model (ms)",
             f"{parts['load_adapter']:.2f}",
-            f"{parts['cached_load_adapter']:.2f}",
             f"{parts['yardstick_load_state_dict']:.1f} (full state)",
             "",
         ],
         [
             "  adapter back out as arrays (ms)",
             f"{parts['adapter_arrays']:.2f}",
-            f"{parts['cached_adapter_arrays']:.2f}",
             f"{parts['yardstick_deepcopy_state_dict']:.1f} (deepcopy)",
             "",
         ],
         [
             "  reply validation (ms)",
-            f"{parts['validate_reply']:.2f}",
             f"{parts['validate_reply']:.2f}",
             "",
             "",
@@ -376,24 +311,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         [
             "  weighted average, per client (ms)",
             f"{parts['weighted_average_per_client']:.2f}",
-            f"{parts['weighted_average_per_client']:.2f}",
             "",
             "",
         ],
-        ["base model RSS (MB)", f"{base_rss:.0f}", "", f"{base_rss:.0f}", ""],
+        ["base model RSS (MB)", f"{base_rss:.0f}", f"{base_rss:.0f}", ""],
         [
             f"RSS with {num_clients} personal states (MB)",
             f"{rss_after:.0f} (peak {peak_after:.0f})",
-            "",
             f"{yard_rss:.0f} (extrapolated)",
             f"<= {budget:.0f}",
         ],
-        ["state per client (MB)", f"{adapter_bytes / MB:.2f}", "", f"{per_client_full_mb:.2f}", ""],
+        ["state per client (MB)", f"{adapter_bytes / MB:.2f}", f"{per_client_full_mb:.2f}", ""],
     ]
     headers = [
         "measure",
         "ours (fedtune)",
-        "ours + cached adapter I/O",
         "yardstick (full state swap)",
         "target",
     ]

@@ -161,3 +161,15 @@ def test_response_nll_equals_the_full_logits_loss(arch: str) -> None:
     fast.backward()
     grads = [p.grad for p in peft_model.parameters() if p.requires_grad]
     assert all(g is not None for g in grads) and any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_adapter_io_matches_peft_public_api() -> None:
+    from peft import get_peft_model_state_dict
+
+    model, _ = lora_setup()
+    changed = {k: v + 0.5 for k, v in adapter_arrays(model).items()}
+    load_adapter(model, changed)
+    via_peft = get_peft_model_state_dict(model)
+    assert via_peft.keys() == changed.keys()
+    for key, value in via_peft.items():
+        assert torch.equal(value, torch.from_numpy(changed[key]))

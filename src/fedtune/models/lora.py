@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from transformers import PreTrainedModel
 
 # Attention projections per model family: the papers put LoRA on q and v.
@@ -55,27 +55,49 @@ def attach_lora(
     return get_peft_model(model, config)
 
 
+_PARAMETERS_ATTR = "_fedtune_adapter_parameters"
+
+
+def adapter_parameters(model: PeftModel) -> dict[str, torch.nn.Parameter]:
+    """peft's adapter state-dict keys mapped to the model's own LoRA parameters, found once.
+
+    ``get_peft_model_state_dict`` walks and filters the whole model state dict on every call
+    (~20 ms on SmolLM2, bench/p4.py); its tensors share storage with the parameters, so one walk
+    gives the key -> parameter map and later swaps copy straight into the parameters.
+    """
+    cached: dict[str, torch.nn.Parameter] | None = getattr(model, _PARAMETERS_ATTR, None)
+    if cached is not None:
+        return cached
+    by_pointer = {p.data_ptr(): p for p in model.parameters()}
+    mapping = {}
+    for key, tensor in get_peft_model_state_dict(model).items():
+        if tensor.data_ptr() not in by_pointer:
+            raise RuntimeError(f"adapter key {key} is not a parameter of the model")
+        mapping[key] = by_pointer[tensor.data_ptr()]
+    setattr(model, _PARAMETERS_ATTR, mapping)
+    return mapping
+
+
 def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
     """The trainable adapter tensors (detached copies), keyed as peft names them."""
-    return {key: value.detach().clone() for key, value in get_peft_model_state_dict(model).items()}
+    return {key: p.detach().clone() for key, p in adapter_parameters(model).items()}
 
 
 def adapter_arrays(model: PeftModel) -> dict[str, np.ndarray]:
     """Adapter state as float32 numpy arrays, ready for a payload."""
-    return {key: value.detach().float().cpu().numpy().copy() for key, value in adapter_state(model).items()}
+    return {key: p.detach().float().cpu().numpy().copy() for key, p in adapter_parameters(model).items()}
 
 
 def load_adapter(model: PeftModel, state: Mapping[str, torch.Tensor | np.ndarray]) -> None:
     """Put ``state`` into the model's adapter; every adapter key must be present with its shape."""
-    expected = get_peft_model_state_dict(model)
-    missing = sorted(set(expected) - set(state))
+    parameters = adapter_parameters(model)
+    missing = sorted(set(parameters) - set(state))
     if missing:
         raise KeyError(f"adapter state lacks {len(missing)} keys, e.g. {missing[0]}")
-    tensors = {}
-    for key, target in expected.items():
-        value = state[key]
-        tensor = torch.from_numpy(np.asarray(value)) if isinstance(value, np.ndarray) else value
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(f"adapter key {key}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-        tensors[key] = tensor.to(dtype=target.dtype, device=target.device)
-    set_peft_model_state_dict(model, tensors)
+    with torch.no_grad():
+        for key, target in parameters.items():
+            value = state[key]
+            tensor = torch.from_numpy(np.asarray(value)) if isinstance(value, np.ndarray) else value
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(f"adapter key {key}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+            target.copy_(tensor)
