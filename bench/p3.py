@@ -11,8 +11,9 @@ checkpoints, no logging for Trainer. Variants, alternated within every repeat:
   order (a sequential sampler over the pre-shuffled examples, i.e. no length grouping);
 - ``ours_bucketed``: ``train_local`` on the same examples batched by ``make_batches`` with length
   bucketing;
-- ``ours_target_logits`` (``--candidate``): ``ours`` with a loss that runs the LM head only on the
-  positions that have a label and skips the KV cache; a candidate change to ``sft_loss``.
+- ``ours_full_logits`` (``--ablation``): ``ours`` with the loss computed from the full [B, T, V]
+  logits of the model's forward (``causal_lm_nll``), as ``sft_loss`` did before it applied the LM
+  head only at labelled positions: what that change buys.
 
 The first step of every run is warm-up and is not timed: a run's clock starts when step 1 ends
 and stops when the last step ends, on both sides (our ``report`` hook, Trainer's ``on_step_end``).
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
 
 VARIANTS = ("ours", "trainer", "ours_bucketed")
-CANDIDATE = "ours_target_logits"
+ABLATION = "ours_full_logits"
 LORA_TARGETS = ["q_proj", "v_proj"]
 
 
@@ -66,25 +67,12 @@ def _timed(stamps: Sequence[float]) -> tuple[float, list[float]]:
     return stamps[-1] - stamps[0], [b - a for a, b in itertools.pairwise(stamps)]
 
 
-def target_logits_sft_loss(model: Any, batch: dict[str, Any]) -> tuple[Any, int]:
-    """``sft_loss`` with the LM head applied only where a label is.
+def full_logits_sft_loss(model: Any, batch: dict[str, Any]) -> tuple[Any, int]:
+    """The loss from the model's full [B, T, V] logits (KV cache as loaded), for the ablation."""
+    from fedtune.train.losses import causal_lm_nll
 
-    The full [B, T, V] logits (V = 49k for SmolLM2) cost an lm_head matmul over every position,
-    a full-vocabulary softmax and, in backward, two full-size zero-filled gradient buffers (the
-    boolean-mask gather and the shift slice); with ~20% of positions labelled, all but a fifth of
-    that is wasted. The KV cache is off because a training forward never reads it back.
-    """
-    import torch.nn.functional as F
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = base.get_decoder()(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-    ).last_hidden_state
-    labels = batch["labels"][:, 1:]
-    mask = labels != -100
-    count = int(mask.sum())
-    logits = base.get_output_embeddings()(hidden[:, :-1][mask])
-    return F.cross_entropy(logits.float(), labels[mask], reduction="sum"), count
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return causal_lm_nll(logits, batch["labels"])
 
 
 class Bench:
@@ -128,7 +116,7 @@ class Bench:
 
         self._reset()
         batches = self.bucketed_batches if variant == "ours_bucketed" else self.random_batches
-        loss_fn: Callable[..., Any] = target_logits_sft_loss if variant == CANDIDATE else sft_loss
+        loss_fn: Callable[..., Any] = full_logits_sft_loss if variant == ABLATION else sft_loss
         optimizer = build_optimizer(self.model.parameters(), "adamw", lr=self.lr)
         stamps: list[float] = []
         train_local(
@@ -297,14 +285,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timed-steps", type=int, default=None, help="default 6 (2 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--candidate", action="store_true", help=f"also time {CANDIDATE}")
+    parser.add_argument("--ablation", action="store_true", help=f"also time {ABLATION}")
     args = parser.parse_args(argv)
     setup_torch(args.threads)
     started, start_load = now(), load_avg()
     model_name = args.model or ("tiny-llama" if args.smoke else "smollm2-135m-instruct")
     repeats = args.repeats or (1 if args.smoke else 3)
     timed_steps = args.timed_steps or (2 if args.smoke else 6)
-    variants = [*VARIANTS, CANDIDATE] if args.candidate else list(VARIANTS)
+    variants = [*VARIANTS, ABLATION] if args.ablation else list(VARIANTS)
 
     bench = Bench(model_name, args.batch_size * (timed_steps + 1), args.batch_size, args.lr, args.seed)
     runs: list[Run] = []
