@@ -177,9 +177,13 @@ def bench(
     """Run a benchmark script from bench/ (writes bench/results/<name>.json)."""
     import runpy
 
-    script = Path("bench") / f"{name.lower()}.py"
+    # bench/ sits beside src/ in a checkout (editable install); otherwise look in the working directory.
+    bench_dir = Path(__file__).resolve().parents[2] / "bench"
+    if not bench_dir.is_dir():
+        bench_dir = Path("bench")
+    script = bench_dir / f"{name.lower()}.py"
     if not script.is_file():
-        scripts = sorted(p.stem for p in Path("bench").glob("p*.py"))
+        scripts = sorted(p.stem for p in bench_dir.glob("p*.py"))
         _fail(FileNotFoundError(f"no benchmark {script}; available: {', '.join(scripts) or 'none'}"))
     sys.argv = [str(script), *(args or [])]
     runpy.run_path(str(script), run_name="__main__")
