@@ -14,7 +14,7 @@ from typing import Any
 from tests.integration.helpers import ROOT, stable
 
 CONFIG = ROOT / "configs" / "test" / "fedit-tiny.yaml"
-OVERRIDES = ["fed.rounds=3", "progress=false"]
+OVERRIDES = ["fed.rounds=4", "progress=false"]
 
 
 def command(*args: str) -> list[str]:
@@ -29,7 +29,8 @@ def env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1")
 
 
-def kill_when(run_dir: Path, predicate: Any, deadline: float = 120.0) -> None:
+def kill_when(run_dir: Path, predicate: Any, deadline: float = 120.0) -> int:
+    """Start a run, SIGKILL it as soon as ``predicate(run_dir)`` holds; return its exit code."""
     proc = subprocess.Popen(
         command("run", str(CONFIG), "-o", str(run_dir), *OVERRIDES),
         cwd=ROOT,
@@ -39,19 +40,24 @@ def kill_when(run_dir: Path, predicate: Any, deadline: float = 120.0) -> None:
     )
     start = time.monotonic()
     try:
-        while not predicate(run_dir) and time.monotonic() - start < deadline:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.02)
+        while proc.poll() is None and not predicate(run_dir) and time.monotonic() - start < deadline:
+            time.sleep(0.01)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
         proc.wait()
+    return proc.returncode
 
 
-def checkpoint_count(n: int) -> Any:
+def rounds_logged(n: int, delay: float = 0.0) -> Any:
+    """True ``delay`` seconds after metrics.jsonl first holds ``n`` rows."""
+    seen: list[float] = []
+
     def ready(run_dir: Path) -> bool:
-        root = run_dir / "checkpoints"
-        return root.is_dir() and len(list(root.glob("*round_*"))) >= n
+        path = run_dir / "metrics.jsonl"
+        if not seen and path.is_file() and len(path.read_text().splitlines()) >= n:
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] >= delay
 
     return ready
 
@@ -67,10 +73,14 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     expected = stable(rows(full_dir))
-    # Kill while the round-1 checkpoint is being written (a temp dir exists) and later, mid-round 2.
-    for name, when in (("during_ckpt", checkpoint_count(2)), ("mid_round", checkpoint_count(3))):
+    # Right after round 1 was logged (round 2 starting), and at two later moments inside round 2/3.
+    for name, when in (
+        ("after_round_1", rounds_logged(2)),
+        ("inside_round_2", rounds_logged(2, delay=0.4)),
+        ("inside_round_3", rounds_logged(3, delay=0.15)),
+    ):
         cut = tmp_path / name
-        kill_when(cut, when)
+        assert kill_when(cut, when) == -signal.SIGKILL, f"{name}: the run ended before it could be killed"
         resumed = subprocess.run(
             command("resume", str(cut)), cwd=ROOT, env=env(), capture_output=True, text=True
         )
