@@ -121,9 +121,8 @@ def _eval_row(result: EvalResult) -> dict[str, Any]:
     return row
 
 
-def _round_row(
-    rnd: int, result: RoundResult, fed: InProcessFederation, server_seconds: float, round_seconds: float
-) -> dict[str, Any]:
+def _round_row(rnd: int, result: RoundResult, fed: InProcessFederation) -> dict[str, Any]:
+    """The metrics row of a round; the runner adds timings and evaluation."""
     traffic = fed.traffic
     row: dict[str, Any] = {
         "round": rnd,
@@ -136,8 +135,6 @@ def _round_row(
         "bytes_up": traffic.bytes_up,
         "bytes_down": traffic.bytes_down,
         "client_seconds": round(sum(traffic.client_seconds.values()), 4),
-        "server_seconds": round(server_seconds, 4),
-        "round_seconds": round(round_seconds, 4),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
     if torch.cuda.is_available():
@@ -283,7 +280,7 @@ class Runner:
         start = time.perf_counter()
         fed.begin_round(rnd)
         result = algorithm.run_round(rnd, server, fed)
-        row = _round_row(rnd, result, fed, 0.0, 0.0)
+        row = _round_row(rnd, result, fed)
         client_seconds = row["client_seconds"]
         if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fed.rounds:
             row.update(self._evaluate(rnd, algorithm, fed, server, progress))
