@@ -39,7 +39,6 @@ def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | No
     from fedtune.runner import prepare_data
 
     model, tokenizer, cfg = load_final_model(run_dir)
-    updates: dict[str, Any] = {}
     if split:
         cfg.data.eval_split = split
     if max_examples:
@@ -54,14 +53,14 @@ def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | No
         max_length=cfg.data.max_length,
         seed=cfg.seed,
     )
-    updates = {
+    summary = {
         "split": cfg.data.eval_split,
         "examples": len(data.eval_records),
         "metrics": result.metrics,
         "by_category": result.by_category,
         "samples": result.samples,
     }
-    (run_dir / "eval.json").write_text(json.dumps(updates, indent=1))
+    (run_dir / "eval.json").write_text(json.dumps(summary, indent=1))
     return result
 
 

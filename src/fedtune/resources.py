@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 from peft import PeftModel
 from transformers import PreTrainedTokenizerBase
 
@@ -39,7 +39,7 @@ class Resources:
                 model_cfg.name,
                 dtype=model_cfg.dtype,
                 device=model_cfg.device,
-                cache_dir=None if model_cfg.cache_dir is None else _path(model_cfg.cache_dir),
+                cache_dir=None if model_cfg.cache_dir is None else Path(model_cfg.cache_dir).expanduser(),
                 gguf_file=model_cfg.gguf_file,
                 seed=self.cfg.seed,
             ),
@@ -68,13 +68,3 @@ class Resources:
         """The seeded initial adapter state (LoRA B = 0, so the model starts as the base)."""
         model, _ = self.lora_lm()
         return self.get("initial_adapter", lambda: adapter_arrays(model))
-
-    def device(self) -> torch.device:
-        model, _ = self.base_lm()
-        return next(model.parameters()).device
-
-
-def _path(text: str) -> Any:
-    from pathlib import Path
-
-    return Path(text).expanduser()
