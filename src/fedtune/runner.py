@@ -7,7 +7,7 @@ import logging
 import platform
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.partition import category_counts, partition_records
 from fedtune.data.records import DataError, Record
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
 from fedtune.fl.checkpoint import (
     atomic_write_text,
     clean_partial,
@@ -31,7 +31,7 @@ from fedtune.fl.checkpoint import (
     save_checkpoint,
 )
 from fedtune.fl.federation import ServerContext
-from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook
+from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
 from fedtune.progress import RunProgress
 from fedtune.resources import Resources
 from fedtune.train.loop import peak_rss_mb
@@ -44,6 +44,8 @@ class RunData:
     clients: dict[str, list[Record]]
     eval_records: list[Record]
     public_records: list[Record]
+    validation_records: list[Record] = field(default_factory=list)
+    extra_eval: dict[str, list[Record]] = field(default_factory=dict)
 
 
 def _load(spec: str, split: str, cfg: ExperimentConfig) -> list[Record]:
@@ -78,6 +80,15 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
     eval_records = _subsample(eval_records, cfg.eval.max_examples, cfg.seed + 1)
     info = builtin.get(data.dataset)
     public = _load(data.dataset, "public", cfg) if info and "public" in info.splits else []
+    validation = (
+        _subsample(_load(data.dataset, "validation", cfg), cfg.eval.max_examples, cfg.seed + 2)
+        if info and "validation" in info.splits
+        else []
+    )
+    extra = {
+        name: _subsample(_load(name, data.eval_split, cfg), cfg.eval.max_examples, cfg.seed + 1)
+        for name in cfg.eval.extra_datasets
+    }
     if cfg.fed.mode == "centralized":
         clients = {"central": train}
     else:
@@ -92,7 +103,7 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
             min_partition_size=part.min_partition_size,
             seed=cfg.seed,
         )
-    return RunData(clients, eval_records, public)
+    return RunData(clients, eval_records, public, validation, extra)
 
 
 def _versions() -> dict[str, str]:
@@ -153,12 +164,14 @@ class Runner:
         console: Console | None = None,
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
+        tap: TapHook | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else cfg.run_dir()
         self.console = console or Console(stderr=True)
         self.before_task = before_task
         self.after_task = after_task
+        self.tap = tap
         self.history: list[dict[str, Any]] = []
 
     def _build(self, progress: RunProgress) -> tuple[Algorithm, InProcessFederation, ServerContext]:
@@ -184,6 +197,7 @@ class Runner:
             reporter=lambda cid: progress.client(fed.rnd, cid),
             before_task=self.before_task,
             after_task=self.after_task,
+            tap=self.tap,
         )
         server = ServerContext(
             cfg=self.cfg,
@@ -191,6 +205,8 @@ class Runner:
             eval_records=data.eval_records,
             public_records=data.public_records,
             run_dir=self.run_dir,
+            validation_records=data.validation_records,
+            extra_eval=data.extra_eval,
             client_sizes={cid: len(recs) for cid, recs in data.clients.items()},
         )
         return algorithm, fed, server
@@ -235,7 +251,16 @@ class Runner:
         progress: RunProgress,
     ) -> dict[str, Any]:
         progress.phase(f"r{rnd} evaluating")
-        return _eval_row(algorithm.evaluate(rnd, server, fed))
+        results = [algorithm.evaluate(rnd, server, fed)]
+        primary = server.eval_records
+        try:
+            for name, records in server.extra_eval.items():
+                progress.phase(f"r{rnd} evaluating on {name}")
+                server.eval_records = records
+                results.append(prefixed(algorithm.evaluate(rnd, server, fed), f"{name}/"))
+        finally:
+            server.eval_records = primary
+        return _eval_row(merge_results(*results))
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -312,6 +337,7 @@ class Runner:
                 indent=1,
             )
         )
+        algorithm.write_artifacts(self.run_dir / "artifacts")
 
     def print_summary(self) -> None:
         self.console.print(summary_table(self.history, self.cfg.name))

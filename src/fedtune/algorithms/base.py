@@ -6,6 +6,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -61,6 +62,10 @@ class Algorithm(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def write_artifacts(self, directory: Path) -> None:
+        """Write what decoding the final model needs beyond the adapter (called once, at the end)."""
+        return None
 
     def clients_per_round(self, fed: Federation) -> int:
         fed_cfg = self.cfg.fed

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -12,7 +14,8 @@ from fedtune.config import EvalConfig
 from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName, build_prompt
 from fedtune.data.tokenize import encode_records, make_batches
-from fedtune.eval.runner import evaluate_generation, perplexity
+from fedtune.decode.generate import generate_texts
+from fedtune.eval.runner import perplexity, score_generations
 
 GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy")
 
@@ -22,6 +25,60 @@ class EvalResult:
     metrics: dict[str, float]
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)
     samples: list[dict[str, str]] = field(default_factory=list)
+
+
+GenerateFn = Callable[[Sequence[str], int], list[str]]
+"""``(prompts, seed) -> continuations``: any decoder (a plain LM, a proxy-tuned LM, ...)."""
+
+
+def evaluate_generations(
+    generate: GenerateFn,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[Record],
+    settings: EvalConfig,
+    *,
+    template: TemplateName,
+    seed: int,
+) -> EvalResult:
+    """Generation metrics of ``generate`` on ``records``: the mean over ``settings.seeds`` sampling seeds.
+
+    With more than one seed and sampling on (``temperature > 0``) each metric also gets a
+    ``<metric>_std`` entry (population std over seeds); greedy decoding runs once.
+    """
+    wanted: list[str] = [m for m in settings.metrics if m in GENERATION_METRICS]
+    if not wanted:
+        return EvalResult({})
+    records = list(records)
+    prompts = [build_prompt(rec, template, tokenizer) for rec in records]
+    references = [rec.output for rec in records]
+    categories = [rec.category for rec in records]
+    num_seeds = settings.seeds if settings.temperature > 0 else 1
+    runs: list[dict[str, Any]] = []
+    for index in range(num_seeds):
+        predictions = generate(prompts, seed + index)
+        runs.append(score_generations(prompts, predictions, references, categories, wanted))
+    metrics: dict[str, float] = {m: float(np.mean([run[m] for run in runs])) for m in wanted}
+    if num_seeds > 1:
+        metrics.update({f"{m}_std": float(np.std([run[m] for run in runs])) for m in wanted})
+    by_category = {
+        metric: {cat: float(np.mean([run["by_category"][metric][cat] for run in runs])) for cat in cats}
+        for metric, cats in runs[0]["by_category"].items()
+    }
+    samples = [{"prompt": p, "prediction": pred, "reference": ref} for p, pred, ref in runs[0]["samples"]]
+    return EvalResult(metrics, by_category, samples)
+
+
+def perplexity_batches(
+    records: Sequence[Record],
+    tokenizer: PreTrainedTokenizerBase,
+    settings: EvalConfig,
+    *,
+    template: TemplateName,
+    max_length: int,
+) -> list[dict[str, torch.Tensor]]:
+    examples = encode_records(records, tokenizer, template, max_length)
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    return make_batches(examples, settings.batch_size, pad, seed=0, bucketing=True, shuffle=False)
 
 
 def evaluate_lm(
@@ -34,37 +91,41 @@ def evaluate_lm(
     max_length: int,
     seed: int,
 ) -> EvalResult:
-    records = list(records)
-    metrics: dict[str, float] = {}
-    by_category: dict[str, dict[str, float]] = {}
-    samples: list[dict[str, str]] = []
-    wanted = [m for m in settings.metrics if m in GENERATION_METRICS]
-    if wanted:
-        generated = evaluate_generation(
+    def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
+        return generate_texts(
             model,
             tokenizer,
-            [build_prompt(rec, template, tokenizer) for rec in records],
-            [rec.output for rec in records],
-            [rec.category for rec in records],
-            metrics=wanted,
+            prompts,
             max_new_tokens=settings.max_new_tokens,
             batch_size=settings.batch_size,
             temperature=settings.temperature,
             top_p=settings.top_p,
-            seed=seed,
+            seed=sample_seed,
         )
-        metrics.update({m: float(generated[m]) for m in wanted if m in generated})
-        by_category.update(generated.get("by_category", {}))
-        samples = [
-            {"prompt": p, "prediction": pred, "reference": ref}
-            for p, pred, ref in generated.get("samples", [])
-        ]
+
+    result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
     if "perplexity" in settings.metrics:
-        examples = encode_records(records, tokenizer, template, max_length)
-        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        batches = make_batches(examples, settings.batch_size, pad, seed=0, bucketing=True, shuffle=False)
-        metrics["perplexity"] = float(perplexity(model, batches))
-    return EvalResult(metrics, by_category, samples)
+        batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
+        result.metrics["perplexity"] = float(perplexity(model, batches))
+    return result
+
+
+def prefixed(result: EvalResult, prefix: str) -> EvalResult:
+    """The same result with every metric name (and per-category metric name) prefixed."""
+    return EvalResult(
+        {prefix + k: v for k, v in result.metrics.items()},
+        {prefix + k: v for k, v in result.by_category.items()},
+        result.samples,
+    )
+
+
+def merge_results(*results: EvalResult) -> EvalResult:
+    merged = EvalResult({})
+    for result in results:
+        merged.metrics.update(result.metrics)
+        merged.by_category.update(result.by_category)
+        merged.samples = merged.samples or result.samples
+    return merged
 
 
 def mean_results(results: Sequence[EvalResult]) -> EvalResult:

@@ -52,6 +52,10 @@ class ServerContext:
     run_dir: Path
     client_sizes: dict[str, int] = field(default_factory=dict)
     report: StepReporter = no_report
+    validation_records: list[Record] = field(default_factory=list)
+    """The training dataset's validation split (for model selection, e.g. FedPT's alpha), if it has one."""
+    extra_eval: dict[str, list[Record]] = field(default_factory=dict)
+    """More test sets (``eval.extra_datasets``); the runner evaluates each with metric names prefixed."""
 
 
 @dataclass

@@ -26,6 +26,8 @@ log = logging.getLogger("fedtune.fl")
 
 ClientHook = Callable[[str, str, int], None]
 ReplyHook = Callable[[str, str, int, Payload], Payload]
+TapHook = Callable[[str, str, str, int, Payload], None]
+"""``(direction "down" | "up", client, task, round, payload)``: sees every message on the wire."""
 
 
 class InProcessFederation:
@@ -41,6 +43,7 @@ class InProcessFederation:
         reporter: Callable[[str], StepReporter] | None = None,
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
+        tap: TapHook | None = None,
     ) -> None:
         self.cfg = cfg
         self.tasks = dict(tasks)
@@ -55,6 +58,7 @@ class InProcessFederation:
         # tamper with) every reply before it crosses the wire.
         self.before_task = before_task
         self.after_task = after_task
+        self.tap = tap
 
     def client_ids(self) -> list[str]:
         return list(self.client_data)
@@ -95,10 +99,14 @@ class InProcessFederation:
         for client in clients:
             message = per_client_payload(payload, client, clients)
             self.traffic.add("down", client, payload_nbytes(message))
+            if self.tap is not None:
+                self.tap("down", client, task, self.rnd, message)
             reply = self._run_one(client, task, message, timeout)
             if reply is None:
                 continue
             self.traffic.add("up", client, payload_nbytes(reply))
+            if self.tap is not None:
+                self.tap("up", client, task, self.rnd, reply)
             try:
                 replies[client] = validate_reply(reply, expect) if expect else reply
             except ReplyRejected as exc:

@@ -28,31 +28,50 @@ def causal_lm_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Ten
 PLAIN_HEAD_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2"})
 
 
-def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Summed response-token NLL, applying the LM head only at labelled positions.
+def labelled_logits(
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logits at the positions that predict a labelled token, and those tokens.
 
-    Equal to ``causal_lm_nll(model(...).logits, labels)``, but the [B, T, V] logits (V = 49k for
-    SmolLM2) are never built: with a fifth of the positions labelled, most of the head matmul, the
-    full-vocabulary softmax and their backward buffers were wasted (bench/p3.py: 1.12x steps/s).
-    Falls back to the full logits for families whose head is not a plain linear map.
+    Returns ``(logits [N, V], targets [N])`` for the ``N`` positions ``t`` with
+    ``labels[t + 1] != -100``, in row-major order. The [B, T, V] logits (V = 49k for SmolLM2) are
+    never built: the LM head runs only at those positions. Families whose head is not a plain
+    linear map fall back to the full logits.
     """
     wrapped: Any = model
     base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
     config = getattr(base, "config", None)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
     if getattr(config, "model_type", None) not in PLAIN_HEAD_FAMILIES or head is None:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return causal_lm_nll(logits, batch["labels"])
+        return logits[:, :-1][mask], labels[mask]
     hidden = base.get_decoder()(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
     ).last_hidden_state
-    labels = batch["labels"][:, 1:]
-    mask = labels != -100
-    count = int(mask.sum())
-    if count == 0:
-        return hidden.sum() * 0.0, 0
-    logits = head(hidden[:, :-1][mask])
-    return F.cross_entropy(logits.float(), labels[mask], reduction="sum"), count
+    return head(hidden[:, :-1][mask]), labels[mask]
+
+
+def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Summed response-token NLL, applying the LM head only at labelled positions.
+
+    Equal to ``causal_lm_nll(model(...).logits, labels)`` without building the full logits: with a
+    fifth of the positions labelled, most of the head matmul, the full-vocabulary softmax and their
+    backward buffers were wasted (bench/p3.py: 1.12x steps/s).
+    """
+    logits, targets = labelled_logits(model, batch)
+    if targets.numel() == 0:
+        return logits.sum() * 0.0, 0
+    return F.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
+
+
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Summed forward KL(p_teacher || p_student) over rows of ``[N, V]`` logits (temperature 1)."""
+    width = min(student_logits.shape[-1], teacher_logits.shape[-1])
+    student = F.log_softmax(student_logits[..., :width].float(), dim=-1)
+    teacher = F.log_softmax(teacher_logits[..., :width].float(), dim=-1)
+    return F.kl_div(student, teacher, log_target=True, reduction="sum")
 
 
 def proximal_term(params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> torch.Tensor:
