@@ -3,9 +3,10 @@
 A name is tried, in order, as:
 1. ``tiny-<arch>`` or ``tiny-<arch>-L<layers>-H<hidden>``: a seeded random model from `fedtune.models.tiny`;
 2. a zoo name (`fedtune.models.zoo`): fetched and converted once, then loaded from the cache;
-3. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
-4. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
-5. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
+3. a model made by ``fedtune models derive`` (`fedtune.models.derive`), in ``<cache>/derived/<name>/``;
+4. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
+5. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
+6. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformers import (
 )
 
 from fedtune.models.tiny import TINY_ARCHS, tiny_model
-from fedtune.models.zoo import convert_gguf_cached, fetch, get_entry, zoo_names
+from fedtune.models.zoo import convert_gguf_cached, default_cache_dir, fetch, get_entry, zoo_names
 
 ModelKind = Literal["causal-lm", "encoder"]
 PaddingSide = Literal["left", "right"]
@@ -46,6 +47,10 @@ _DTYPES = {
     "float16": torch.float16,
 }
 _TINY_NAME = re.compile(r"tiny-(?P<arch>[a-z0-9]+)(?:-L(?P<layers>\d+)-H(?P<hidden>\d+))?")
+# Derived models live in <cache>/derived/<name>/; the record file, written last, marks one as complete.
+DERIVED_DIR = "derived"
+DERIVED_MARKER = "derive.json"
+_DERIVED_NAME = re.compile(r"(?P<source>.+)-l(?P<layers>\d+)")
 
 
 class ModelError(ValueError):
@@ -130,6 +135,25 @@ def _hub_gguf(repo_id: str, gguf_file: str, cache_dir: Path | None) -> Path:
     return convert_gguf_cached(Path(local_file), cache_dir)
 
 
+def derived_path(name: str, cache_dir: Path | None = None) -> Path | None:
+    """The directory of the derived model ``name`` (see `fedtune.models.derive`), or None if there is none."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    directory = (cache_dir or default_cache_dir()) / DERIVED_DIR / name
+    return directory if (directory / DERIVED_MARKER).is_file() else None
+
+
+def _check_not_underived(name: str, cache_dir: Path | None) -> None:
+    """``<zoo name>-l<N>`` is the default name of a derived model: say how to make it."""
+    match = _DERIVED_NAME.fullmatch(name)
+    if match is not None and match["source"] in zoo_names():
+        cache_option = f" --cache-dir {cache_dir}" if cache_dir is not None else ""
+        raise ModelError(
+            f"{name} is not derived yet: run `fedtune models derive {match['source']} "
+            f"--layers {match['layers']}{cache_option}`"
+        )
+
+
 def resolve_source(
     name: str, kind: ModelKind, cache_dir: Path | None = None, gguf_file: str | None = None
 ) -> Path | str:
@@ -139,6 +163,10 @@ def resolve_source(
         if kind == "causal-lm" and entry.kind != kind:
             raise ModelError(f"{name} is an {entry.kind}, not a causal LM: use load_encoder_classifier")
         return fetch(entry, cache_dir)
+    derived = derived_path(name, cache_dir)
+    if derived is not None:
+        return derived
+    _check_not_underived(name, cache_dir)
     path = Path(name).expanduser()
     if path.is_dir():
         return _local_dir(path, gguf_file, cache_dir)
