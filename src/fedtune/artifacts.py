@@ -64,6 +64,10 @@ def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | No
     return result
 
 
+def _templated(prompts: list[str], cfg: ExperimentConfig, tokenizer: Any) -> list[str]:
+    return [build_prompt(Record(p, "-"), cfg.data.template, tokenizer) for p in prompts]
+
+
 def generate_from_run(
     run_dir: Path,
     prompts: list[str],
@@ -73,11 +77,24 @@ def generate_from_run(
     top_p: float = 1.0,
     seed: int = 0,
     raw: bool = False,
+    alpha: float | None = None,
 ) -> list[str]:
+    """Generate with a run's final model: for FedPT runs the proxy-tuned large LM (``alpha``
+    overrides the run's choice), else the small model with its adapter."""
     from fedtune.decode.generate import generate_texts
 
+    if load_run_config(run_dir).algorithm == "fedpt":
+        from fedtune.proxy.decode import load_proxy_model
+
+        proxy, cfg = load_proxy_model(run_dir, alpha)
+        texts = prompts if raw else _templated(prompts, cfg, proxy.tokenizer)
+        return proxy.generate(
+            texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+    if alpha is not None:
+        raise ValueError("alpha applies to FedPT runs only (proxy-tuned decoding)")
     model, tokenizer, cfg = load_final_model(run_dir)
-    texts = prompts if raw else [build_prompt(Record(p, "-"), cfg.data.template, tokenizer) for p in prompts]
+    texts = prompts if raw else _templated(prompts, cfg, tokenizer)
     return generate_texts(
         model,
         tokenizer,

@@ -134,8 +134,14 @@ def generate(
     top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     raw: Annotated[bool, typer.Option(help="send the prompt as is, without the run's template")] = False,
+    alpha: Annotated[
+        float | None, typer.Option(help="FedPT runs: proxy strength (default: the run's chosen alpha)")
+    ] = None,
 ) -> None:
-    """Generate with the final model of a run (the run's prompt template is applied)."""
+    """Generate with the final model of a run (the run's prompt template is applied).
+
+    For a FedPT run this is the proxy-tuned large model.
+    """
     from fedtune.artifacts import generate_from_run
 
     try:
@@ -147,6 +153,7 @@ def generate(
             top_p=top_p,
             seed=seed,
             raw=raw,
+            alpha=alpha,
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)
@@ -194,18 +201,28 @@ CacheOption = Annotated[
 ]
 
 
-@models_app.command("list")
-def models_list(cache_dir: CacheOption = None) -> None:
-    """The offline zoo: name, size, where it is cached."""
-    from fedtune.models.zoo import zoo_table
-
-    rows = zoo_table(cache_dir)
-    table = Table(title="fedtune model zoo")
+def _rows_table(title: str, rows: list[dict[str, str]]) -> Table:
+    table = Table(title=title)
     for column in rows[0]:
         table.add_column(column)
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
-    out.print(table)
+    return table
+
+
+@models_app.command("list")
+def models_list(cache_dir: CacheOption = None) -> None:
+    """The offline zoo and the derived models: name, size, where they are cached."""
+    from fedtune.models.zoo import default_cache_dir, zoo_table
+
+    out.print(_rows_table("fedtune model zoo", zoo_table(cache_dir)))
+    # Checked first so that listing the zoo does not pay for importing torch when nothing was derived.
+    if ((cache_dir or default_cache_dir()) / "derived").is_dir():
+        from fedtune.models.derive import derived_table
+
+        rows = derived_table(cache_dir)
+        if rows:
+            out.print(_rows_table("derived models (fedtune models derive)", rows))
 
 
 @models_app.command("fetch")
@@ -236,6 +253,52 @@ def models_path(name: Annotated[str, typer.Argument(help="zoo name")], cache_dir
         console.print(f"{name} is not fetched yet: run `fedtune models fetch {name}`")
         raise typer.Exit(code=1)
     out.print(str(path))
+
+
+@models_app.command("derive")
+def models_derive(
+    source: Annotated[str, typer.Argument(help="model to derive from: a zoo name or any causal LM name")],
+    layers: Annotated[int, typer.Option(help="decoder layers to keep (uniform stride, first and last kept)")],
+    steps: Annotated[int, typer.Option(help="distillation steps (~5 s each for SmolLM2 on 2 cores)")] = 120,
+    name: Annotated[str | None, typer.Option(help="name to save under (default <source>-l<layers>)")] = None,
+    batch_size: Annotated[int, typer.Option(help="texts per distillation step")] = 8,
+    max_length: Annotated[int, typer.Option(help="tokens per text")] = 128,
+    lr: Annotated[float, typer.Option(help="peak AdamW learning rate")] = 5e-4,
+    seed: Annotated[int, typer.Option(help="seed of the data order")] = 0,
+    force: Annotated[bool, typer.Option(help="replace a derived model of the same name")] = False,
+    cache_dir: CacheOption = None,
+) -> None:
+    """A smaller model with the same vocabulary: keep some decoder layers, distil from the full model."""
+    from fedtune.models.derive import derive_model
+
+    try:
+        result = derive_model(
+            source, keep_layers=layers, steps=steps, name=name, cache_dir=cache_dir, seed=seed,
+            batch_size=batch_size, max_length=max_length, lr=lr, overwrite=force,
+        )  # fmt: skip
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    table = Table(
+        title=f"{result.name}: {len(result.kept_layers)} of {result.source_layers} layers of {source}"
+    )
+    table.add_column("")
+    table.add_column("value")
+    ppl_where = f"perplexity on {result.held_out_texts} held-out public texts"
+    for label, value in (
+        (f"teacher {ppl_where}", f"{result.teacher_ppl:,.2f}"),
+        ("student before distillation", f"{result.student_ppl_before:,.2f}"),
+        ("student after distillation", f"{result.student_ppl_after:,.2f}"),
+        ("layers kept", ", ".join(map(str, result.kept_layers))),
+        ("params (student / teacher)", f"{result.params / 1e6:.1f}M / {result.source_params / 1e6:.1f}M"),
+        (
+            "distillation",
+            f"{result.steps} steps, batch {result.batch_size} x {result.max_length}, lr {result.lr:g}",
+        ),
+        ("seconds (distillation / total)", f"{result.distill_seconds:.0f} / {result.seconds:.0f}"),
+        ("saved to", result.path),
+    ):
+        table.add_row(label, value)
+    out.print(table)
 
 
 @data_app.command("list")

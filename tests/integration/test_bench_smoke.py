@@ -77,3 +77,22 @@ def test_p4_smoke_writes_results(tmp_path: Path) -> None:
         assert _positive(memory[key]), key
     assert all(_positive(ms) for ms in record["breakdown_ms"].values())
     assert _positive(record["adapter_bytes"]) and record["full_state_bytes"] > record["adapter_bytes"]
+
+
+def test_p5_smoke_writes_results(tmp_path: Path) -> None:
+    _load("p5").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p5.smoke.json").read_text())
+    assert (tmp_path / "p5.smoke.md").read_text().startswith("P5")
+    assert record["smoke"] is True and record["small_model"] == "tiny-llama-L2-H32"
+    summary = record["summary"]
+    assert _positive(summary["bound_tokens_per_s"])
+    assert all(_positive(value) for value in summary["tokens_per_s"].values())
+    assert set(summary["vs_yardstick"]) == {
+        "ours_fused_b1",
+        "ours_separate_b1",
+        "ours_fused_b8",
+        "ours_separate_b8",
+    }
+    # Greedy proxy-tuned decoding is exact: ours writes the reference loop's tokens.
+    assert all(record["exact"].values()), record["exact"]
+    assert {run["rows"] for run in record["runs"]} == {1, 8}
