@@ -7,9 +7,21 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Subprocesses started by tests (the CLI) sleep instead of spin-waiting between parallel regions,
+# which keeps them from starving each other on a small shared machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "test" / "fedit-tiny.yaml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tiny models gain nothing from intra-op threads; one thread keeps them fast under load."""
+    markers = str(config.getoption("markexpr") or "")
+    if "slow" not in markers or "not slow" in markers:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture

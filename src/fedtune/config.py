@@ -127,6 +127,7 @@ class FedPTConfig(Section):
     alpha_grid: list[float] = [1.0, 1.3, 1.5, 1.8, 2.0]
     alpha_search: Literal["final", "every", "never"] = "final"
     alpha_search_seeds: int = Field(1, ge=1)
+    alpha_search_examples: int | None = Field(None, ge=1)
     kd_lambda: float = Field(0.1, ge=0, le=1)
     kd_examples: int = Field(128, ge=1)
     kd_batch_size: int = Field(16, ge=1)

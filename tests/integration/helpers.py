@@ -16,6 +16,9 @@ VOLATILE = {
     "peak_rss_mb",
     "gpu_peak_mb",
     "client_peak_mem_mb",
+    "kd_seconds",
+    "teacher_seconds",
+    "kd_student_seconds",
 }
 
 

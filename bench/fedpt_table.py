@@ -1,0 +1,282 @@
+"""FedPT's Table 1 at small scale: the five methods of the paper on one config, side by side.
+
+    python bench/fedpt_table.py configs/paper/fedpt-smollm2.yaml            # run what is missing, tabulate
+    python bench/fedpt_table.py configs/paper/fedpt-smollm2.yaml --table-only
+
+Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``):
+- ``fedavg_small``: FedIT on the small model (``algorithm=fedit``);
+- ``fedavg_large``: FedIT on the large model (``algorithm=fedit model.name=<fedpt.large_model>``),
+  evaluated before training too: its round 0 is **Base (large)**;
+- ``fedavg_pt``: FedPT without the distillation step (``fedpt.distill=false``);
+- ``fedpt``: FedPT.
+Every run is a subprocess (``python -m fedtune run``), so a crash or an out-of-memory kill loses only
+that method; rerunning resumes unfinished runs and skips finished ones.
+
+Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
+3 steps at batch 1 (the paper's "VRAM to train one sample") on real client examples, and read the
+peak RSS (``ru_maxrss``); the process's RSS before loading the model is reported too. Bytes are the
+totals over the run from ``metrics.jsonl`` (up + down, all clients, all rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_RESULTS_DIR, machine_info, now, setup_torch
+
+METHODS: dict[str, list[str]] = {
+    "fedavg_small": ["algorithm=fedit"],
+    "fedavg_large": ["algorithm=fedit", "model.name={large}", "eval.before=true"],
+    "fedavg_pt": ["fedpt.distill=false"],
+    "fedpt": [],
+}
+LABELS = {
+    "base_large": "Base (large)",
+    "fedavg_small": "FedAvg (small)",
+    "fedavg_large": "FedAvg (large)",
+    "fedavg_pt": "FedAvg+PT",
+    "fedpt": "FedPT",
+}
+
+
+def method_overrides(method: str, cfg: Any) -> list[str]:
+    return [item.format(large=cfg.fedpt.large_model) for item in METHODS[method]]
+
+
+def run_method(config: Path, method: str, run_dir: Path, extra: list[str]) -> None:
+    cfg = _load(config, extra)
+    if (run_dir / "artifacts" / "meta.json").is_file():
+        print(f"[{method}] finished earlier: {run_dir}", flush=True)
+        return
+    resume = (run_dir / "checkpoints").is_dir()
+    command = [sys.executable, "-m", "fedtune"]
+    if resume:
+        command += ["resume", str(run_dir)]
+    else:
+        command += ["run", str(config), *method_overrides(method, cfg), *extra, "-o", str(run_dir)]
+    print(f"[{method}] {' '.join(command)}", flush=True)
+    subprocess.run(command, check=True)
+
+
+def _load(config: Path, extra: list[str]) -> Any:
+    from fedtune.config import load_config
+
+    return load_config(config, extra)
+
+
+def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, float]:
+    """Peak RSS of one client training ``model`` (subprocess running ``--client-memory``)."""
+    command = [
+        sys.executable,
+        __file__,
+        str(config),
+        "--client-memory",
+        model,
+        *[part for item in extra for part in ("--set", item)],
+    ]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    result: dict[str, float] = json.loads(output.strip().splitlines()[-1])
+    return result
+
+
+def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict[str, float]:
+    setup_torch(2)
+    from fedtune.data.tokenize import encode_records, make_batches
+    from fedtune.models.loading import load_causal_lm
+    from fedtune.models.lora import attach_lora
+    from fedtune.runner import prepare_data
+    from fedtune.train.loop import peak_rss_mb, train_local
+    from fedtune.train.optim import build_optimizer
+
+    cfg = _load(config, extra)
+    records = next(iter(prepare_data(cfg).clients.values()))[:8]
+    before = peak_rss_mb()
+    model, tokenizer = load_causal_lm(model_name, dtype=cfg.model.dtype, seed=cfg.seed)
+    lora = cfg.lora
+    targets = None if lora.target_modules == "auto" else lora.target_modules
+    model = attach_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=targets)
+    examples = encode_records(records, tokenizer, cfg.data.template, cfg.data.max_length)
+    pad = int(tokenizer.pad_token_id or 0)
+    batches = make_batches(examples, 1, pad, seed=0, bucketing=False)
+    optimizer = build_optimizer(model.parameters(), cfg.train.optimizer, lr=cfg.train.lr)
+    train_local(model, batches, optimizer, None, steps=3)
+    return {
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "trainable_m": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
+        "rss_before_model_mb": before,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def final_eval(rows: list[dict[str, Any]]) -> dict[str, float]:
+    evaluated = [row for row in rows if row.get("round", 0) > 0 and row.get("eval")]
+    return evaluated[-1]["eval"] if evaluated else {}
+
+
+def total_mb(rows: list[dict[str, Any]]) -> float:
+    return sum(row.get("bytes_up", 0) + row.get("bytes_down", 0) for row in rows) / 2**20
+
+
+def _fmt(metrics: dict[str, float], key: str) -> str:
+    if key not in metrics:
+        return "-"
+    std = metrics.get(f"{key}_std")
+    return f"{metrics[key]:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+
+
+def test_sets(cfg: Any) -> list[tuple[str, str]]:
+    """(label, metric prefix) per test set: the primary one, then ``eval.extra_datasets``."""
+    primary = cfg.data.eval_dataset or cfg.data.dataset
+    return [(primary, "")] + [(name, f"{name}/") for name in cfg.eval.extra_datasets]
+
+
+def tabulate(cfg: Any, runs: dict[str, Path], memory: dict[str, dict[str, float]]) -> dict[str, Any]:
+    rows = {method: read_rows(path) for method, path in runs.items()}
+    results: dict[str, dict[str, Any]] = {}
+    large_rows = rows.get("fedavg_large", [])
+    if large_rows and large_rows[0].get("eval"):
+        results["base_large"] = {"eval": large_rows[0]["eval"], "client_model": "-", "total_mb": 0.0}
+    for method, method_rows in rows.items():
+        if not final_eval(method_rows):
+            continue
+        client_model = cfg.fedpt.large_model if method == "fedavg_large" else cfg.model.name
+        results[method] = {
+            "eval": final_eval(method_rows),
+            "client_model": client_model,
+            "total_mb": total_mb(method_rows),
+            "rounds": max(row["round"] for row in method_rows),
+            "memory": memory.get(client_model, {}),
+        }
+    return results
+
+
+def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
+    sets = test_sets(cfg)
+    header = ["method", "client model", "client params", "client peak RSS (batch 1)", "total comm."]
+    header += [f"Rouge-L {label}" for label, _ in sets] + ["Dist-3", "Dist-4"]
+    lines = [
+        f"# FedPT Table 1 structure: `{cfg.name}`",
+        "",
+        f"`{command}` — {now()}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for method in ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt"):
+        if method not in results:
+            continue
+        res = results[method]
+        memory = res.get("memory") or {}
+        cells = [
+            LABELS[method],
+            res["client_model"],
+            f"{memory['params_m']:.1f}M" if memory else "-",
+            f"{memory['peak_rss_mb']:.0f} MB" if memory else "-",
+            f"{res['total_mb']:.1f} MB" if res["total_mb"] else "-",
+        ]
+        cells += [_fmt(res["eval"], prefix + "rougeL") for _, prefix in sets]
+        cells += [_fmt(res["eval"], "dist3"), _fmt(res["eval"], "dist4")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", ordering_note(results, sets)]
+    for method in ("fedavg_pt", "fedpt"):
+        study = {
+            k.split("/", 1)[1]: v
+            for k, v in results.get(method, {}).get("eval", {}).items()
+            if k.startswith("alpha_study/")
+        }
+        if study:
+            lines += [
+                "",
+                f"alpha study ({LABELS[method]}, validation Rouge-L, 1 sampling seed): "
+                + ", ".join(f"alpha {a}: {v:.4f}" for a, v in study.items())
+                + f" -> alpha {results[method]['eval'].get('alpha')}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
+    """Does the paper's ordering Base(large) < FedAvg(small) <= FedAvg+PT <= FedPT ~ FedAvg(large) hold?"""
+    notes = []
+    for label, prefix in sets:
+        score = {m: r["eval"].get(prefix + "rougeL", math.nan) for m, r in results.items()}
+        std = {m: r["eval"].get(prefix + "rougeL_std", 0.0) for m, r in results.items()}
+        checks = [
+            ("base_large", "fedavg_small", "<"),
+            ("fedavg_small", "fedavg_pt", "<="),
+            ("fedavg_pt", "fedpt", "<="),
+            ("fedpt", "fedavg_large", "~"),
+        ]
+        parts = []
+        for a, b, relation in checks:
+            if a not in score or b not in score:
+                continue
+            gap = score[b] - score[a]
+            noise = math.hypot(std.get(a, 0.0), std.get(b, 0.0))
+            if relation == "~":
+                holds = abs(gap) <= max(noise, 0.01) * 2
+            elif relation == "<":
+                holds = gap > 0
+            else:
+                holds = gap >= -noise
+            parts.append(
+                f"{LABELS[a]} {relation} {LABELS[b]}: {'holds' if holds else 'does not hold'} ({gap:+.4f})"
+            )
+        notes.append(f"- {label}: " + "; ".join(parts))
+    return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    parser.add_argument("--client-memory", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client_memory:
+        print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
+        return
+    cfg = _load(args.config, args.set)
+    runs = {method: args.runs_dir / cfg.name / method for method in args.methods}
+    if not args.table_only:
+        for method, run_dir in runs.items():
+            run_method(args.config, method, run_dir, args.set)
+    memory: dict[str, dict[str, float]] = {}
+    if not args.no_memory:
+        for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):
+            memory[model] = measure_client(model, args.config, args.set)
+    results = tabulate(cfg, runs, memory)
+    command = "python bench/fedpt_table.py " + " ".join(sys.argv[1:])
+    text = markdown(cfg, results, command)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.results_dir / f"table-{cfg.name}"
+    stem.with_suffix(".md").write_text(text)
+    stem.with_suffix(".json").write_text(
+        json.dumps(
+            {"config": cfg.name, "command": command, "machine": machine_info(), "results": results}, indent=1
+        )
+    )
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+"""FedPT: federated proxy-tuning of a black-box large LM (METHODS.md, paper 000, Alg. 1).
+
+Round t:
+1. sample K clients and send them the small LM's LoRA state theta_s^t;
+2. each client runs E local epochs of response-only SFT and returns its LoRA state (FedIT's task);
+3. the server averages them weighted by example count -> theta_bar_s^{t+1};
+4. the proxy-tuned large LM is ``z_l0 + alpha * (z_sbar - z_s0)`` (``fedtune.proxy.proxy_logits``);
+5. the server distils it into theta_bar_s^{t+1} on the public set D_kd (eq. 5):
+   ``(1 - lambda) * CE(y | x; theta_s) + lambda * KL(p_proxy || p_theta_s)`` over response tokens,
+   with Prodigy (lr 1.0) and a cosine schedule within the round by default. The result is theta_s^{t+1}.
+``fedpt.distill: false`` skips step 5: the FedAvg+PT baseline.
+
+The large model is reached only through ``LogitSource`` (next-token logits, never weights), and
+clients only ever receive the small model's LoRA state.
+
+Choices the paper leaves open:
+- The frozen part of the teacher, ``C = z_l0 - alpha * z_s0`` at D_kd's response positions, never
+  changes: it is computed once per run (``teacher_cache``: ``disk`` = fp16/fp32 files in the run
+  directory, reused on resume; ``memory``; ``recompute`` recomputes every round, the benchmark yardstick).
+  fp16 storage rounds logits of magnitude <= 32 by at most 0.008.
+- ``z_sbar`` comes from the aggregated model theta_bar_s^{t+1}, fixed for the whole distillation;
+  it is computed per batch by swapping theta_bar into the LoRA weights for one no-grad forward, so
+  memory holds one batch of logits rather than the whole public set's.
+- The KL term runs over the shared vocabulary, the CE term over the small model's own.
+- alpha is an evaluation-time knob: ``alpha_grid`` is searched on the validation split at the
+  final round (``alpha_search``), with ``alpha_search_seeds`` sampling seeds on the first
+  ``alpha_search_examples`` validation examples, and the best value decodes the test sets.
+  Round 0 (LoRA B = 0) is the base large model for any alpha.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.fedavg import ADAPTER, REPLY_SCALARS, fit_adapter
+from fedtune.algorithms.registry import register
+from fedtune.config import FedPTConfig
+from fedtune.data.records import DataError, Record
+from fedtune.data.tokenize import encode_records, make_batches
+from fedtune.eval.evaluate import (
+    EvalResult,
+    evaluate_generations,
+    evaluate_lm,
+    merge_results,
+    perplexity_batches,
+    prefixed,
+)
+from fedtune.eval.metrics import perplexity_from_nll
+from fedtune.fl.aggregate import weighted_average
+from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
+from fedtune.fl.payload import Payload, arrays
+from fedtune.fl.validation import ReplySpec
+from fedtune.models.lora import adapter_arrays, load_adapter
+from fedtune.proxy.source import LocalLogitSource, LogitSource
+from fedtune.proxy.vocab import shared_vocab_size
+from fedtune.train.losses import distillation_kl, labelled_logits
+from fedtune.train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger("fedtune")
+
+Batch = dict[str, Tensor]
+
+
+class TeacherCache:
+    """The frozen teacher part per distillation batch: computed once, then served from RAM or disk.
+
+    ``disk`` keeps one ``.npy`` per batch under ``directory`` with a fingerprint of everything the
+    values depend on; a different fingerprint (other models, alpha, data) clears the directory.
+    """
+
+    def __init__(self, mode: str, directory: Path, fingerprint: Mapping[str, Any], dtype: str) -> None:
+        self.mode = mode
+        self.directory = directory
+        self.dtype = np.float16 if dtype == "fp16" else np.float32
+        self._memory: dict[int, np.ndarray] = {}
+        self.compute_seconds = 0.0
+        if mode == "disk":
+            meta = directory / "meta.json"
+            wanted = json.dumps(dict(fingerprint), sort_keys=True)
+            if not meta.is_file() or meta.read_text() != wanted:
+                shutil.rmtree(directory, ignore_errors=True)
+                directory.mkdir(parents=True)
+                meta.write_text(wanted)
+
+    def get(self, index: int, compute: Callable[[], Tensor]) -> Tensor:
+        if self.mode == "memory" and index in self._memory:
+            return torch.from_numpy(self._memory[index].astype(np.float32))
+        path = self.directory / f"batch{index:05d}.npy"
+        if self.mode == "disk" and path.is_file():
+            return torch.from_numpy(np.load(path).astype(np.float32))
+        start = time.perf_counter()
+        values = compute().float().cpu().numpy().astype(self.dtype)
+        self.compute_seconds += time.perf_counter() - start
+        if self.mode == "memory":
+            self._memory[index] = values
+        elif self.mode == "disk":
+            staging = path.with_suffix(".tmp.npy")
+            np.save(staging, values)
+            os.replace(staging, path)
+        return torch.from_numpy(values.astype(np.float32))
+
+
+def kd_loss(
+    student: Tensor, targets: Tensor, teacher: Tensor, kd_lambda: float, vocab_width: int
+) -> tuple[Tensor, float, float]:
+    """Eq. 5 for one batch: ``((1 - lambda) * CE + lambda * KL(teacher || student)) / N``.
+
+    ``student [N, V_s]`` logits (CE over the student's own vocabulary), ``teacher [N, V]`` proxy
+    logits over the shared ``vocab_width``. Returns the loss and the mean CE and KL per token.
+    """
+    count = max(1, int(targets.numel()))
+    ce = F.cross_entropy(student.float(), targets, reduction="sum")
+    kl = distillation_kl(student[:, :vocab_width], teacher)
+    loss = ((1.0 - kd_lambda) * ce + kd_lambda * kl) / count
+    return loss, float(ce.detach()) / count, float(kl.detach()) / count
+
+
+@register
+class FedPT(Algorithm):
+    name = "fedpt"
+    Config = FedPTConfig
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.global_adapter: dict[str, np.ndarray] = {}
+        self.alphas: dict[int, float] = {}
+        self.alpha_study: dict[int, dict[str, float]] = {}
+        self.vocab_width = 0
+        self._kd_batches: list[Batch] = []
+        self._teacher: TeacherCache | None = None
+        self._study_reported = -1
+
+    # ----- clients: FedIT's local SFT of the small LM ---------------------------------------------
+    def client_tasks(self) -> dict[str, ClientTask]:
+        return {"fit": self._fit}
+
+    def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
+        return fit_adapter(ctx, arrays(msg, ADAPTER), prox_mu=0.0)
+
+    # ----- server ---------------------------------------------------------------------------------
+    def large(self, server: ServerContext) -> LogitSource:
+        sec: FedPTConfig = self.section
+        model_cfg = self.cfg.model
+        return server.resources.get(
+            "fedpt/large",
+            lambda: LocalLogitSource.load(
+                sec.large_model,
+                dtype=sec.large_dtype,
+                device=model_cfg.device,
+                cache_dir=None if model_cfg.cache_dir is None else Path(model_cfg.cache_dir).expanduser(),
+                seed=self.cfg.seed,
+            ),
+        )
+
+    def setup(self, server: ServerContext) -> None:
+        sec: FedPTConfig = self.section
+        if self.cfg.fed.mode != "federated":
+            raise ValueError(f"fedpt runs with fed.mode = federated, not {self.cfg.fed.mode!r}")
+        model, tokenizer = server.resources.lora_lm()
+        large = self.large(server)
+        small_base: Any = model.get_base_model()
+        small_width = int(small_base.get_output_embeddings().weight.shape[0])
+        self.vocab_width = shared_vocab_size(
+            tokenizer,
+            small_width,
+            large.tokenizer,
+            large.vocab_width,
+            small_name=f"model.name {self.cfg.model.name!r}",
+            large_name=f"fedpt.large_model {sec.large_model!r}",
+        )
+        self.global_adapter = dict(server.resources.initial_adapter())
+        if sec.distill:
+            self._kd_batches = self._public_batches(server)
+            self._teacher = TeacherCache(
+                sec.teacher_cache,
+                server.run_dir / "cache" / "fedpt-teacher",
+                {
+                    "small": self.cfg.model.name,
+                    "large": sec.large_model,
+                    "alpha": sec.alpha,
+                    "dtype": sec.teacher_dtype,
+                    "kd_examples": sec.kd_examples,
+                    "kd_batch_size": sec.kd_batch_size,
+                    "max_length": self.cfg.data.max_length,
+                    "template": self.cfg.data.template,
+                    "dataset": self.cfg.data.dataset,
+                    "seed": self.cfg.seed,
+                    "vocab_width": self.vocab_width,
+                },
+                sec.teacher_dtype,
+            )
+
+    def _public_batches(self, server: ServerContext) -> list[Batch]:
+        sec: FedPTConfig = self.section
+        records = list(server.public_records)
+        if not records:
+            raise DataError(
+                f"fedpt distils on a public set, but data.dataset {self.cfg.data.dataset!r} has no "
+                "'public' split; use a built-in dataset or set fedpt.distill=false (FedAvg+PT)"
+            )
+        if len(records) > sec.kd_examples:
+            records = random.Random(derive_seed(self.cfg.seed, "kd-sample")).sample(records, sec.kd_examples)
+        _, tokenizer = server.resources.lora_lm()
+        examples = encode_records(records, tokenizer, self.cfg.data.template, self.cfg.data.max_length)
+        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        return make_batches(
+            examples, sec.kd_batch_size, pad, seed=derive_seed(self.cfg.seed, "kd"), bucketing=True
+        )
+
+    def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
+        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        spec = ReplySpec.like(
+            {ADAPTER + k: v for k, v in self.global_adapter.items()},
+            scalars=REPLY_SCALARS,
+            norm_bound=self.cfg.fed.norm_bound,
+        )
+        message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
+        replies = fed.call(sampled, "fit", message, timeout=self.cfg.fed.client_timeout, expect=spec)
+        self.require_replies(replies, sampled)
+        weights = [int(r["num_examples"]) for r in replies.values()]
+        average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
+        extra: dict[str, float] = {
+            "client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values())
+        }
+        if self.section.distill:
+            average, kd_stats = self._distill(rnd, server, average)
+            extra.update(kd_stats)
+        self.global_adapter = average
+        losses = [float(r["train_loss"]) for r in replies.values()]
+        return RoundResult(
+            clients=sampled,
+            train_loss=float(np.average(losses, weights=weights)),
+            num_examples=sum(weights),
+            tokens=sum(int(r["tokens"]) for r in replies.values()),
+            extra=extra,
+        )
+
+    def _distill(
+        self, rnd: int, server: ServerContext, average: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Step 5: distil the proxy-tuned large LM into the aggregated small LM on D_kd."""
+        sec: FedPTConfig = self.section
+        assert self._teacher is not None
+        start = time.perf_counter()
+        teacher_before = self._teacher.compute_seconds
+        model, _ = server.resources.lora_lm()
+        large = self.large(server)
+        load_adapter(model, average)
+        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        theta_bar = {n: p.detach().clone() for n, p in trainable.items()}
+        optimizer = build_optimizer(
+            trainable.values(),
+            sec.kd_optimizer,
+            lr=sec.kd_lr,
+            weight_decay=sec.kd_weight_decay,
+            betas=self.cfg.train.betas,
+            momentum=self.cfg.train.momentum,
+        )
+        scheduler = build_scheduler(
+            optimizer,
+            sec.kd_schedule,
+            steps_this_round=sec.kd_steps,
+            rnd=rnd,
+            rounds=self.cfg.fed.rounds,
+            scope="round",
+            warmup_ratio=self.cfg.train.warmup_ratio,
+            min_ratio=self.cfg.train.min_lr_ratio,
+        )
+        order = np.random.default_rng(derive_seed(self.cfg.seed, rnd, "kd-order")).permutation(
+            len(self._kd_batches)
+        )
+        device = next(model.parameters()).device
+        width = self.vocab_width
+        ce_total = kl_total = student_seconds = 0.0
+        for step in range(sec.kd_steps):
+            index = int(order[step % len(order)])
+            batch = {k: v.to(device) for k, v in self._kd_batches[index].items()}
+            frozen = self._teacher.get(index, partial(self._frozen_teacher, model, large, batch))
+            sbar = self._logits_with(model, trainable, theta_bar, batch)
+            teacher = frozen.to(device) + sec.alpha * sbar[:, :width]
+            student_start = time.perf_counter()
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            student, targets = labelled_logits(model, batch)
+            loss, ce, kl = kd_loss(student, targets, teacher, sec.kd_lambda, width)
+            loss.backward()
+            if self.cfg.train.clip_norm:
+                torch.nn.utils.clip_grad_norm_(list(trainable.values()), self.cfg.train.clip_norm)
+            optimizer.step()
+            scheduler.step()
+            student_seconds += time.perf_counter() - student_start
+            ce_total += ce
+            kl_total += kl
+            server.report(step + 1, sec.kd_steps, loss.item())
+        model.eval()
+        seconds = time.perf_counter() - start
+        return dict(adapter_arrays(model)), {
+            "kd_ce": ce_total / sec.kd_steps,
+            "kd_kl": kl_total / sec.kd_steps,
+            "kd_seconds": seconds,
+            "kd_student_seconds": student_seconds,
+            "teacher_seconds": self._teacher.compute_seconds - teacher_before,
+        }
+
+    def _frozen_teacher(self, model: Any, large: LogitSource, batch: Batch) -> Tensor:
+        """``z_l0 - alpha * z_s0`` at the labelled positions (the part of the teacher that never changes)."""
+        width = self.vocab_width
+        z_large = large.labelled_logits(batch)[:, :width]
+        if self.section.alpha == 0.0:
+            return z_large
+        model.eval()
+        with torch.inference_mode(), model.disable_adapter():
+            z_base, _ = labelled_logits(model, batch)
+        return z_large - self.section.alpha * z_base[:, :width].float()
+
+    @staticmethod
+    def _logits_with(
+        model: Any, trainable: Mapping[str, Tensor], weights: Mapping[str, Tensor], batch: Batch
+    ) -> Tensor:
+        """The model's labelled logits with ``weights`` swapped into its trainable tensors.
+
+        Eval mode (no LoRA dropout) and no grad; the current weights are restored afterwards.
+        """
+        model.eval()
+        with torch.no_grad():
+            current = {n: p.detach().clone() for n, p in trainable.items()}
+            for name, param in trainable.items():
+                param.copy_(weights[name])
+            try:
+                logits, _ = labelled_logits(model, batch)
+            finally:
+                for name, param in trainable.items():
+                    param.copy_(current[name])
+        return logits.float()
+
+    # ----- evaluation -----------------------------------------------------------------------------
+    def proxy_model(self, server: ServerContext) -> Any:
+        from fedtune.proxy.decode import ProxyTunedLM
+
+        model, tokenizer = server.resources.lora_lm()
+        load_adapter(model, self.global_adapter)
+        return ProxyTunedLM(self.large(server), model, tokenizer, alpha=self.section.alpha)
+
+    def _alpha(self, rnd: int, server: ServerContext) -> float:
+        sec: FedPTConfig = self.section
+        if rnd in self.alphas:
+            return self.alphas[rnd]
+        search = rnd > 0 and (
+            sec.alpha_search == "every" or (sec.alpha_search == "final" and rnd == self.cfg.fed.rounds)
+        )
+        alpha = sec.alpha
+        if search and not server.validation_records:
+            log.warning("fedpt: no validation split to search alpha on; using fedpt.alpha = %s", alpha)
+        elif search:
+            settings = self.cfg.eval.model_copy(update={"seeds": sec.alpha_search_seeds})
+            metric = next((m for m in settings.metrics if m != "perplexity"), "perplexity")
+            scores: dict[str, float] = {}
+            records = server.validation_records[: sec.alpha_search_examples]
+            for candidate in sec.alpha_grid:
+                result = self._evaluate_proxy(server, records, candidate, rnd, settings)
+                scores[f"{candidate:g}"] = result.metrics[metric]
+            better = min if metric == "perplexity" else max
+            alpha = float(better(scores, key=lambda a: scores[a]))
+            self.alpha_study[rnd] = scores
+            log.info("fedpt round %d: validation %s by alpha %s -> alpha %g", rnd, metric, scores, alpha)
+        self.alphas[rnd] = alpha
+        return alpha
+
+    def _evaluate_proxy(
+        self, server: ServerContext, records: Sequence[Record], alpha: float, rnd: int, settings: Any
+    ) -> EvalResult:
+        proxy = self.proxy_model(server)
+        _, tokenizer = server.resources.lora_lm()
+        seed = derive_seed(self.cfg.seed, rnd, "eval")
+
+        def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
+            texts: list[str] = proxy.generate(
+                list(prompts),
+                max_new_tokens=settings.max_new_tokens,
+                batch_size=settings.batch_size,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                seed=sample_seed,
+                alpha=alpha,
+            )
+            return texts
+
+        template = self.cfg.data.template
+        result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
+        if "perplexity" in settings.metrics:
+            batches = perplexity_batches(
+                records, tokenizer, settings, template=template, max_length=self.cfg.data.max_length
+            )
+            total_nll, total_tokens = 0.0, 0
+            for batch in batches:
+                logits = proxy.labelled_logits(batch, alpha=alpha)
+                targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(logits.device)
+                total_nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+                total_tokens += int(targets.numel())
+            result.metrics["perplexity"] = float(perplexity_from_nll(total_nll, total_tokens))
+        return result
+
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+        alpha = self._alpha(rnd, server)
+        result = self._evaluate_proxy(server, server.eval_records, alpha, rnd, self.cfg.eval)
+        result.metrics["alpha"] = alpha
+        if self._study_reported < rnd:  # the primary test set comes first; extra sets skip the study
+            self._study_reported = rnd
+            for candidate, score in self.alpha_study.get(rnd, {}).items():
+                result.metrics[f"alpha_study/{candidate}"] = score
+        if not self.section.eval_small:
+            return result
+        model, tokenizer = server.resources.lora_lm()
+        load_adapter(model, self.global_adapter)
+        small = evaluate_lm(
+            model,
+            tokenizer,
+            server.eval_records,
+            self.cfg.eval,
+            template=self.cfg.data.template,
+            max_length=self.cfg.data.max_length,
+            seed=derive_seed(self.cfg.seed, rnd, "eval"),
+        )
+        return merge_results(result, prefixed(small, "small/"))
+
+    # ----- state and artifacts --------------------------------------------------------------------
+    def final_adapter(self) -> dict[str, np.ndarray]:
+        return self.global_adapter
+
+    def write_artifacts(self, directory: Path) -> None:
+        last = max(self.alphas) if self.alphas else None
+        alpha = self.alphas[last] if last is not None else self.section.alpha
+        (directory / "proxy.json").write_text(
+            json.dumps(
+                {
+                    "alpha": alpha,
+                    "large_model": self.section.large_model,
+                    "vocab_width": self.vocab_width,
+                    "alpha_study": {str(k): v for k, v in self.alpha_study.items()},
+                },
+                indent=1,
+            )
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "global_adapter": self.global_adapter,
+            "alphas": {str(k): v for k, v in self.alphas.items()},
+            "alpha_study": {str(k): v for k, v in self.alpha_study.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
+        self.alphas = {int(k): float(v) for k, v in state.get("alphas", {}).items()}
+        self.alpha_study = {int(k): dict(v) for k, v in state.get("alpha_study", {}).items()}

@@ -1,0 +1,201 @@
+"""FedPT on tiny random models: traffic boundaries, the cached teacher, baselines, alpha search."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedtune.algorithms.fedpt import FedPT, TeacherCache, kd_loss
+from fedtune.fl.payload import Payload
+from fedtune.models.loading import load_causal_lm
+from fedtune.progress import RunProgress
+from fedtune.proxy import VocabMismatch, proxy_logits
+from fedtune.train.losses import labelled_logits
+from tests.integration.helpers import quiet_runner, stable, tiny_config
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.float32).tobytes()).hexdigest()
+
+
+def test_no_large_model_weight_and_only_small_lora_on_the_wire(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt")
+    seen: list[tuple[str, Payload]] = []
+    quiet_runner(cfg, tmp_path / "run", tap=lambda d, c, t, r, p: seen.append((d, p))).run()
+    assert {d for d, _ in seen} == {"down", "up"}
+    large, _ = load_causal_lm(cfg.fedpt.large_model, seed=cfg.seed)
+    large_digests = {_digest(p.detach().numpy()) for p in large.parameters()}
+    large_shapes = {tuple(p.shape) for p in large.parameters()}
+    initial = json.loads((tmp_path / "run" / "artifacts" / "adapter" / "adapter_config.json").read_text())
+    assert initial["r"] == cfg.lora.r
+    for direction, payload in seen:
+        arrays = {k: v for k, v in payload.items() if isinstance(v, np.ndarray)}
+        assert arrays, direction
+        for key, value in arrays.items():
+            assert key.startswith("adapter/"), key
+            assert "lora_" in key, key
+            assert _digest(value) not in large_digests, key
+            # LoRA factors are [r, in] or [out, r]: never a whole weight matrix of the large model.
+            assert cfg.lora.r in value.shape and tuple(value.shape) not in large_shapes, key
+
+
+def _built(cfg: Any, run_dir: Path) -> tuple[FedPT, Any, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runner = quiet_runner(cfg, run_dir)
+    with RunProgress(runner.console, 1, enabled=False) as progress:
+        algorithm, fed, server = runner._build(progress)
+    assert isinstance(algorithm, FedPT)
+    algorithm.setup(server)
+    return algorithm, fed, server
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_cached_teacher_plus_alpha_times_tuned_is_the_proxy(tmp_path: Path, dtype: str) -> None:
+    cfg = tiny_config("fedpt", "fedpt.alpha=1.5", f"fedpt.teacher_dtype={dtype}")
+    algorithm, _, server = _built(cfg, tmp_path / "run")
+    model, _ = server.resources.lora_lm()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    batch = algorithm._kd_batches[0]
+    large = algorithm.large(server)
+    assert algorithm._teacher is not None
+    frozen = algorithm._teacher.get(0, lambda: algorithm._frozen_teacher(model, large, batch))
+    with torch.inference_mode():
+        tuned, _ = labelled_logits(model, batch)
+        with model.disable_adapter():
+            base, _ = labelled_logits(model, batch)
+    expected = proxy_logits(large.labelled_logits(batch), tuned, base, 1.5, algorithm.vocab_width)
+    tolerance = 1e-4 if dtype == "fp32" else 2e-2
+    torch.testing.assert_close(frozen + 1.5 * tuned.float(), expected, atol=tolerance, rtol=0)
+    # Served from disk the second time, identical to the first.
+    again = algorithm._teacher.get(0, lambda: pytest.fail("recomputed a cached teacher"))  # type: ignore[arg-type]
+    torch.testing.assert_close(again, frozen)
+
+
+def test_teacher_is_computed_once_per_run_and_reused_on_resume(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt", "fed.rounds=3", "eval.every=10", "eval.before=false")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    seconds = [row["teacher_seconds"] for row in history[1:]]
+    assert seconds[0] > 0 and seconds[1:] == [0.0, 0.0]
+    files = sorted((tmp_path / "run" / "cache" / "fedpt-teacher").glob("batch*.npy"))
+    assert len(files) == 2  # 16 public examples in batches of 8
+    cache = TeacherCache("disk", tmp_path / "run" / "cache" / "fedpt-teacher", {"other": 1}, "fp16")
+    assert not list(cache.directory.glob("batch*.npy")), "a different fingerprint must clear the cache"
+
+
+def test_cache_modes_agree(tmp_path: Path) -> None:
+    runs = {
+        mode: quiet_runner(
+            tiny_config(
+                "fedpt", f"fedpt.teacher_cache={mode}", "fedpt.teacher_dtype=fp32", "eval.before=false"
+            ),
+            tmp_path / mode,
+        ).run()
+        for mode in ("recompute", "memory", "disk")
+    }
+    losses = {mode: [row.get("kd_ce") for row in rows] for mode, rows in runs.items()}
+    assert losses["recompute"] == losses["memory"] == losses["disk"]
+    assert "cache" not in {p.name for p in (tmp_path / "recompute").iterdir()}
+
+
+def test_fedavg_pt_baseline_does_not_distil(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt", "fedpt.distill=false", "eval.before=false")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    assert all("kd_ce" not in row for row in history)
+    assert not (tmp_path / "run" / "cache").exists()
+
+
+def test_distillation_moves_the_student_towards_the_teacher(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt", "fedpt.kd_steps=12", "fedpt.kd_lambda=1.0", "fedpt.kd_lr=0.05")
+    algorithm, _, server = _built(cfg, tmp_path / "run")
+    adapter = dict(server.resources.initial_adapter())
+    _, first = algorithm._distill(1, server, adapter)
+    cfg_one = tiny_config("fedpt", "fedpt.kd_steps=1", "fedpt.kd_lambda=1.0", "fedpt.kd_lr=0.05")
+    algorithm_one, _, server_one = _built(cfg_one, tmp_path / "one")
+    _, one = algorithm_one._distill(1, server_one, dict(server_one.resources.initial_adapter()))
+    assert first["kd_kl"] < one["kd_kl"]
+
+
+def test_kd_loss_matches_the_formula() -> None:
+    torch.manual_seed(0)
+    student = torch.randn(5, 12, requires_grad=True)
+    teacher = torch.randn(5, 10)
+    targets = torch.randint(0, 12, (5,))
+    loss, ce, kl = kd_loss(student, targets, teacher, 0.25, 10)
+    p_teacher = teacher.softmax(-1)
+    manual_kl = (p_teacher * (p_teacher.log() - student[:, :10].log_softmax(-1))).sum(-1).mean().detach()
+    manual_ce = torch.nn.functional.cross_entropy(student, targets).detach()
+    torch.testing.assert_close(loss, 0.75 * manual_ce + 0.25 * manual_kl)
+    assert ce == pytest.approx(manual_ce.item(), rel=1e-5)
+    assert kl == pytest.approx(manual_kl.item(), rel=1e-5)
+
+
+def test_alpha_is_searched_on_validation_and_saved(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt", "fedpt.alpha_grid=[0.0,1.0,2.0]")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    final = history[-1]["eval"]
+    study = {k.split("/")[1]: v for k, v in final.items() if k.startswith("alpha_study/")}
+    assert set(study) == {"0", "1", "2"}
+    assert final["alpha"] == float(max(study, key=lambda a: study[a]))
+    saved = json.loads((tmp_path / "run" / "artifacts" / "proxy.json").read_text())
+    assert saved["alpha"] == final["alpha"] and saved["large_model"] == cfg.fedpt.large_model
+    assert "small/rougeL" in final and "alpha_study/1" not in history[1].get("eval", {})
+
+
+def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
+    """LoRA B starts at zero, so tuned == base and the proxy is the large model itself."""
+    from fedtune.decode.generate import generate_texts
+    from fedtune.runner import prepare_data
+
+    cfg = tiny_config("fedpt", "fed.rounds=1", "eval.metrics=[rougeL]")
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    proxy_result = algorithm.evaluate(0, server, fed)
+    large, tokenizer = load_causal_lm(cfg.fedpt.large_model, seed=cfg.seed)
+    from fedtune.data.templates import build_prompt
+
+    records = prepare_data(cfg).eval_records
+    prompts = [build_prompt(r, cfg.data.template, tokenizer) for r in records]
+    texts = generate_texts(large, tokenizer, prompts, max_new_tokens=cfg.eval.max_new_tokens)
+    from fedtune.eval.metrics import mean, rouge_l
+
+    assert proxy_result.metrics["rougeL"] == pytest.approx(mean(rouge_l(texts, [r.output for r in records])))
+
+
+def test_vocabulary_mismatch_is_an_error_before_training(tmp_path: Path, monkeypatch: Any) -> None:
+    import fedtune.algorithms.fedpt as fedpt_module
+
+    def mismatch(*args: Any, **kwargs: Any) -> int:
+        raise VocabMismatch("differ")
+
+    monkeypatch.setattr(fedpt_module, "shared_vocab_size", mismatch)
+    cfg = tiny_config("fedpt")
+    calls: list[str] = []
+    with pytest.raises(VocabMismatch):
+        quiet_runner(cfg, tmp_path / "run", before_task=lambda c, t, r: calls.append(c)).run()
+    assert calls == []
+
+
+def test_resume_keeps_the_teacher_cache_and_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpt", "fed.rounds=3", "eval.every=10", "eval.before=false")
+    full = quiet_runner(cfg, tmp_path / "full").run()
+
+    class Stop(BaseException):
+        pass
+
+    def die(client: str, task: str, rnd: int) -> None:
+        if rnd == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        quiet_runner(cfg, tmp_path / "cut", before_task=die).run()
+    resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+    assert stable(resumed) == stable(full)
+    assert resumed[-1]["teacher_seconds"] == 0.0
