@@ -22,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # the CLI subprocesses of the integration tests
 
 
 @pytest.fixture
