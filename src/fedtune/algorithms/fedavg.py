@@ -68,6 +68,49 @@ def fit_adapter(ctx: ClientContext, adapter: Mapping[str, np.ndarray], prox_mu: 
     return reply
 
 
+def collect_adapters(
+    algorithm: Algorithm,
+    fed: Federation,
+    rnd: int,
+    global_adapter: Mapping[str, np.ndarray],
+    message: Payload,
+    *,
+    reference: bool = True,
+) -> tuple[list[str], dict[str, Payload], list[int]]:
+    """Sample clients, run their "fit" task and validate the replies against ``global_adapter``'s shapes.
+
+    Returns ``(sampled, replies, example counts)``; raises ``RoundFailed`` below ``fed.min_replies``.
+    """
+    cfg = algorithm.cfg
+    sampled = fed.sample(algorithm.clients_per_round(fed), rnd)
+    spec = ReplySpec.like(
+        {ADAPTER + k: v for k, v in global_adapter.items()},
+        scalars=REPLY_SCALARS,
+        norm_bound=cfg.fed.norm_bound,
+        reference=reference,
+    )
+    replies = fed.call(sampled, "fit", message, timeout=cfg.fed.client_timeout, expect=spec)
+    algorithm.require_replies(replies, sampled)
+    return sampled, replies, [int(r["num_examples"]) for r in replies.values()]
+
+
+def fit_round_result(
+    sampled: list[str], replies: Mapping[str, Payload], weights: list[int], extra: Mapping[str, float] = {}
+) -> RoundResult:
+    """The round's statistics from the clients' fit replies (loss weighted by example count)."""
+    losses = [float(r["train_loss"]) for r in replies.values()]
+    return RoundResult(
+        clients=sampled,
+        train_loss=float(np.average(losses, weights=weights)),
+        num_examples=sum(weights),
+        tokens=sum(int(r["tokens"]) for r in replies.values()),
+        extra={
+            "client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values()),
+            **extra,
+        },
+    )
+
+
 @register
 class FedIT(Algorithm):
     name = "fedit"
@@ -94,29 +137,15 @@ class FedIT(Algorithm):
         self.global_adapter = dict(server.resources.initial_adapter())
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
         standalone = self.cfg.fed.mode == "standalone"
         message: Payload = {} if standalone and rnd > 1 else self._broadcast()
-        spec = ReplySpec.like(
-            {ADAPTER + k: v for k, v in self.global_adapter.items()},
-            scalars=REPLY_SCALARS,
-            norm_bound=self.cfg.fed.norm_bound,
-            reference=not standalone,
+        sampled, replies, weights = collect_adapters(
+            self, fed, rnd, self.global_adapter, message, reference=not standalone
         )
-        replies = fed.call(sampled, "fit", message, timeout=self.cfg.fed.client_timeout, expect=spec)
-        self.require_replies(replies, sampled)
-        weights = [int(r["num_examples"]) for r in replies.values()]
         if not standalone:
             average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
             self.global_adapter = server_step(self.global_adapter, average, self.section.server_lr)
-        losses = [float(r["train_loss"]) for r in replies.values()]
-        return RoundResult(
-            clients=sampled,
-            train_loss=float(np.average(losses, weights=weights)),
-            num_examples=sum(weights),
-            tokens=sum(int(r["tokens"]) for r in replies.values()),
-            extra={"client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values())},
-        )
+        return fit_round_result(sampled, replies, weights)
 
     def _broadcast(self) -> Payload:
         return {ADAPTER + k: v for k, v in self.global_adapter.items()}

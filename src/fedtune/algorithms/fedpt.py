@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
-from fedtune.algorithms.fedavg import ADAPTER, REPLY_SCALARS, fit_adapter
+from fedtune.algorithms.fedavg import ADAPTER, collect_adapters, fit_adapter, fit_round_result
 from fedtune.algorithms.registry import register
 from fedtune.config import FedPTConfig
 from fedtune.data.records import DataError, Record
@@ -64,7 +64,6 @@ from fedtune.eval.metrics import perplexity_from_nll
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
-from fedtune.fl.validation import ReplySpec
 from fedtune.models.lora import adapter_arrays, load_adapter
 from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
@@ -223,32 +222,14 @@ class FedPT(Algorithm):
         )
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
-        spec = ReplySpec.like(
-            {ADAPTER + k: v for k, v in self.global_adapter.items()},
-            scalars=REPLY_SCALARS,
-            norm_bound=self.cfg.fed.norm_bound,
-        )
         message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
-        replies = fed.call(sampled, "fit", message, timeout=self.cfg.fed.client_timeout, expect=spec)
-        self.require_replies(replies, sampled)
-        weights = [int(r["num_examples"]) for r in replies.values()]
+        sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
         average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
-        extra: dict[str, float] = {
-            "client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values())
-        }
+        kd_stats: dict[str, float] = {}
         if self.section.distill:
             average, kd_stats = self._distill(rnd, server, average)
-            extra.update(kd_stats)
         self.global_adapter = average
-        losses = [float(r["train_loss"]) for r in replies.values()]
-        return RoundResult(
-            clients=sampled,
-            train_loss=float(np.average(losses, weights=weights)),
-            num_examples=sum(weights),
-            tokens=sum(int(r["tokens"]) for r in replies.values()),
-            extra=extra,
-        )
+        return fit_round_result(sampled, replies, weights, kd_stats)
 
     def _distill(
         self, rnd: int, server: ServerContext, average: Mapping[str, np.ndarray]
