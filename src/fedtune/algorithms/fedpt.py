@@ -399,9 +399,9 @@ class FedPT(Algorithm):
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
         alpha = self._alpha(rnd, server)
         result = self._evaluate_proxy(server, server.eval_records, alpha, rnd, self.cfg.eval)
-        result.metrics["alpha"] = alpha
-        if self._study_reported < rnd:  # the primary test set comes first; extra sets skip the study
+        if self._study_reported < rnd:  # the primary test set comes first; extra sets skip these
             self._study_reported = rnd
+            result.metrics["alpha"] = alpha
             for candidate, score in self.alpha_study.get(rnd, {}).items():
                 result.metrics[f"alpha_study/{candidate}"] = score
         if not self.section.eval_small:
