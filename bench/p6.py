@@ -16,7 +16,6 @@ and the cache's size on disk are reported too.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import base_parser, machine_info, now, setup_torch
+from bench.common import base_parser, load_avg, now, setup_torch, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,12 +46,12 @@ def build(config: Path, overrides: list[str], run_dir: Path) -> tuple[Any, Any]:
     return algorithm, server
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = base_parser(__doc__ or "P6")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "paper" / "fedpt-smollm2.yaml")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--set", action="append", default=[], help="config override, e.g. model.name=...")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_torch(args.threads)
     import numpy as np
 
@@ -61,6 +60,7 @@ def main() -> None:
     if args.smoke:
         config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
         args.rounds = min(args.rounds, 3)
+    started, start_load = now(), load_avg()
     work = Path(tempfile.mkdtemp(prefix="fedtune-p6-"))
     rounds: dict[str, list[dict[str, float]]] = {"disk": [], "recompute": []}
     try:
@@ -97,7 +97,6 @@ def main() -> None:
     }
     speedup = summary["recompute"]["server_s_per_round"] / summary["disk"]["server_s_per_round"]
     cached = summary["disk"]["ratio_to_kd_pass"]
-    name = "p6.smoke" if args.smoke else "p6"
     table = [
         "| teacher | server s/round (rounds 2..R, median) | one KD pass of the small model | ratio "
         "| round-1 teacher build |",
@@ -114,7 +113,7 @@ def main() -> None:
         [
             "# P6: FedPT server time per round",
             "",
-            f"`python bench/p6.py {' '.join(sys.argv[1:])}` — {now()}, "
+            f"`python bench/p6.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
             f"config `{config.name}`, {args.rounds} rounds",
             "",
             *table,
@@ -124,23 +123,21 @@ def main() -> None:
             "",
         ]
     )
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    (args.results_dir / f"{name}.md").write_text(text)
-    (args.results_dir / f"{name}.json").write_text(
-        json.dumps(
-            {
-                "command": sys.argv,
-                "time": now(),
-                "machine": machine_info(),
-                "config": str(config),
-                "overrides": overrides,
-                "rounds": rounds,
-                "summary": summary,
-                "speedup": speedup,
-                "cache_mb": cache_bytes / 2**20,
-            },
-            indent=1,
-        )
+    write_results(
+        "p6",
+        {
+            "config": str(config),
+            "overrides": overrides,
+            "rounds": rounds,
+            "summary": summary,
+            "speedup": speedup,
+            "cache_mb": cache_bytes / 2**20,
+        },
+        text,
+        results_dir=args.results_dir,
+        smoke=args.smoke,
+        started=started,
+        start_load=start_load,
     )
     print(text)
 

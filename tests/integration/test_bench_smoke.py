@@ -96,3 +96,13 @@ def test_p5_smoke_writes_results(tmp_path: Path) -> None:
     # Greedy proxy-tuned decoding is exact: ours writes the reference loop's tokens.
     assert all(record["exact"].values()), record["exact"]
     assert {run["rows"] for run in record["runs"]} == {1, 8}
+
+
+def test_p6_smoke_caches_the_teacher_once(tmp_path: Path) -> None:
+    _load("p6").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p6.smoke.json").read_text())
+    assert (tmp_path / "p6.smoke.md").read_text().startswith("# P6")
+    cached, recomputed = record["rounds"]["disk"], record["rounds"]["recompute"]
+    assert cached[0]["teacher_seconds"] > 0 and all(r["teacher_seconds"] == 0.0 for r in cached[1:])
+    assert all(r["teacher_seconds"] > 0 for r in recomputed)
+    assert record["cache_mb"] > 0 and _positive(record["summary"]["disk"]["ratio_to_kd_pass"])

@@ -331,11 +331,17 @@ class FedPT(Algorithm):
 
     # ----- evaluation -----------------------------------------------------------------------------
     def proxy_model(self, server: ServerContext) -> Any:
+        """The proxy-tuned LM with the current global adapter (built once; the adapter is reloaded)."""
         from fedtune.proxy.decode import ProxyTunedLM
 
         model, tokenizer = server.resources.lora_lm()
         load_adapter(model, self.global_adapter)
-        return ProxyTunedLM(self.large(server), model, tokenizer, alpha=self.section.alpha)
+        return server.resources.get(
+            "fedpt/proxy",
+            lambda: ProxyTunedLM(
+                self.large(server), model, tokenizer, alpha=self.section.alpha, vocab_width=self.vocab_width
+            ),
+        )
 
     def _alpha(self, rnd: int, server: ServerContext) -> float:
         sec: FedPTConfig = self.section
