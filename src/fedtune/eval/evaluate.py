@@ -17,7 +17,7 @@ from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.decode.generate import generate_texts
 from fedtune.eval.runner import perplexity, score_generations
 
-GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy")
+GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1")
 
 
 @dataclass
@@ -52,11 +52,14 @@ def evaluate_generations(
     prompts = [build_prompt(rec, template, tokenizer) for rec in records]
     references = [rec.output for rec in records]
     categories = [rec.category for rec in records]
+    record_ids = [rec.id for rec in records]
     num_seeds = settings.seeds if settings.temperature > 0 else 1
     runs: list[dict[str, Any]] = []
     for index in range(num_seeds):
         predictions = generate(prompts, seed + index)
-        runs.append(score_generations(prompts, predictions, references, categories, wanted))
+        runs.append(
+            score_generations(prompts, predictions, references, categories, wanted, record_ids=record_ids)
+        )
     metrics: dict[str, float] = {m: float(np.mean([run[m] for run in runs])) for m in wanted}
     if num_seeds > 1:
         metrics.update({f"{m}_std": float(np.std([run[m] for run in runs])) for m in wanted})

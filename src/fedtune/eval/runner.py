@@ -24,6 +24,7 @@ from fedtune.decode.generate import (
     pad_token_id,
     positions_from_mask,
 )
+from fedtune.eval.code_exec import pass_at_1
 from fedtune.eval.metrics import (
     by_category,
     dist_n,
@@ -42,11 +43,16 @@ PER_EXAMPLE_METRICS: dict[str, Callable[[Sequence[str], Sequence[str]], list[flo
     "exact_match": exact_match,
     "numeric_accuracy": numeric_accuracy,
 }
+# Per-example metrics that need each example's record id rather than its reference text:
+# ``(predictions, record_ids) -> scores``. pass_at_1 finds the HumanEval tests by task id.
+RECORD_METRICS: dict[str, Callable[[Sequence[str], Sequence[str]], list[float]]] = {
+    "pass_at_1": pass_at_1,
+}
 CORPUS_METRICS: dict[str, Callable[[Sequence[str]], float]] = {
     "dist3": partial(dist_n, n=3),
     "dist4": partial(dist_n, n=4),
 }
-GENERATION_METRICS = (*PER_EXAMPLE_METRICS, *CORPUS_METRICS)
+GENERATION_METRICS = (*PER_EXAMPLE_METRICS, *RECORD_METRICS, *CORPUS_METRICS)
 
 
 def label_log_likelihoods(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,22 +203,32 @@ def score_generations(
     references: Sequence[str],
     categories: Sequence[str],
     metrics: Sequence[str],
+    *,
+    record_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Requested metric means, per-category means of the per-example metrics and the first samples.
 
     ``{"rougeL": 0.41, ..., "by_category": {"rougeL": {"qa": 0.5}}, "samples": [(prompt, prediction,
     reference), ...]}``; corpus metrics (``dist3``, ``dist4``) have no per-category entry.
+    ``record_ids`` are needed only by the ``RECORD_METRICS`` (``pass_at_1``).
     """
     check_metric_names(metrics)
     if not len(prompts) == len(predictions) == len(references) == len(categories):
         raise ValueError("prompts, predictions, references and categories differ in length")
+    if record_ids is not None and len(record_ids) != len(predictions):
+        raise ValueError("record_ids and predictions differ in length")
     report: dict[str, Any] = {}
     per_category: dict[str, dict[str, float]] = {}
     for name in metrics:
         if name in CORPUS_METRICS:
             report[name] = CORPUS_METRICS[name](predictions)
             continue
-        scores = PER_EXAMPLE_METRICS[name](predictions, references)
+        if name in RECORD_METRICS:
+            if record_ids is None:
+                raise ValueError(f"metric {name!r} needs the records' ids: pass record_ids=")
+            scores = RECORD_METRICS[name](predictions, record_ids)
+        else:
+            scores = PER_EXAMPLE_METRICS[name](predictions, references)
         report[name] = mean(scores)
         per_category[name] = by_category(scores, categories)
     report["by_category"] = per_category
@@ -236,6 +252,7 @@ def evaluate_generation(
     top_p: float = 1.0,
     seed: int = 0,
     stop_strings: Sequence[str] | None = None,
+    record_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Generate a response per prompt and score it against its reference (see ``score_generations``)."""
     check_metric_names(metrics)
@@ -250,4 +267,4 @@ def evaluate_generation(
         seed=seed,
         stop_strings=stop_strings,
     )
-    return score_generations(prompts, predictions, references, categories, metrics)
+    return score_generations(prompts, predictions, references, categories, metrics, record_ids=record_ids)
