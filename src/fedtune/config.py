@@ -87,13 +87,13 @@ class FedConfig(Section):
     client_timeout: float | None = Field(None, gt=0)
     norm_bound: float | None = Field(None, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
+    backend: Literal["simulation", "flower"] = "simulation"
 
 
 class EvalConfig(Section):
-    metrics: list[Literal["rougeL", "perplexity", "dist3", "dist4", "exact_match", "numeric_accuracy"]] = [
-        "rougeL",
-        "perplexity",
-    ]
+    metrics: list[
+        Literal["rougeL", "perplexity", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1"]
+    ] = ["rougeL", "perplexity"]
     every: int = Field(1, ge=1)
     before: bool = True
     max_examples: int | None = Field(32, ge=1)
@@ -141,6 +141,55 @@ class FedPTConfig(Section):
     eval_small: bool = True
 
 
+class FedBiOTConfig(Section):
+    """FedBiOT and its baselines: clients tune an adapter on top of a layer-dropped emulator.
+
+    ``split: last`` is FedBiOT's LayerExtract (adapter = the last ``adapter_layers`` layers);
+    ``split: first_last`` is Offsite-tuning's / FedOT's (half of ``adapter_layers`` first, half last).
+    ``align_steps: 0`` keeps the emulator fixed after the initial distillation (Offsite-tuning, FedOT).
+    """
+
+    split: Literal["last", "first_last"] = "last"
+    adapter_layers: int = Field(2, ge=1)
+    dropout: float = Field(0.2, ge=0, lt=1)
+    adapter_mode: Literal["full", "lora"] = "full"
+    prox_eps: float = Field(0.5, ge=0)
+    align_lambda: float = Field(0.5, ge=0)
+    init_steps: int = Field(50, ge=0)
+    align_steps: int = Field(10, ge=0)
+    align_batch_size: int = Field(4, ge=1)
+    align_optimizer: Literal["sgd", "adamw"] = "sgd"
+    align_lr: float = Field(1e-3, gt=0)
+    public_dataset: str | None = None
+    public_examples: int | None = Field(512, ge=1)
+    client_cache: Literal["auto", "memory", "disk"] = "auto"
+
+    @model_validator(mode="after")
+    def _check_split(self) -> FedBiOTConfig:
+        if self.split == "first_last" and self.adapter_layers % 2:
+            raise ValueError(
+                "fedbiot.adapter_layers must be even with split first_last (half first, half last)"
+            )
+        return self
+
+
+class FlowerConfig(Section):
+    """The Flower deployment (``fed.backend: flower``); see ``fedtune.fl.flower``.
+
+    ``superlink`` is where SuperNodes and ``flwr`` reach the SuperLink (``host:port``; port 0 =
+    a free loopback port for the local deployment). ``tls`` and ``auth`` name directories: the
+    TLS one holds ``ca.crt``, ``server.pem``, ``server.key``; the auth one holds each node's
+    ``node<i>`` / ``node<i>.pub`` key pair. ``auto`` generates them for the local deployment.
+    """
+
+    superlink: str = "127.0.0.1:0"
+    tls: str | None = None
+    auth: str | None = None
+    connect_timeout: float = Field(300.0, gt=0)
+    reply_timeout: float = Field(3600.0, gt=0)
+    poll_interval: float = Field(0.1, gt=0)
+
+
 class ExperimentConfig(Section):
     name: str = "experiment"
     seed: int = 0
@@ -155,6 +204,8 @@ class ExperimentConfig(Section):
     eval: EvalConfig = EvalConfig()
     fedit: FedITConfig = FedITConfig()
     fedpt: FedPTConfig = FedPTConfig()
+    flower: FlowerConfig = FlowerConfig()
+    fedbiot: FedBiOTConfig = FedBiOTConfig()
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ExperimentConfig:

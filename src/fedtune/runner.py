@@ -7,6 +7,7 @@ import logging
 import platform
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from fedtune.fl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fedtune.fl.federation import ServerContext
+from fedtune.fl.federation import ClientTask, ServerContext, ServerFederation
 from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
 from fedtune.progress import RunProgress
 from fedtune.resources import Resources
@@ -46,6 +47,12 @@ class RunData:
     public_records: list[Record]
     validation_records: list[Record] = field(default_factory=list)
     extra_eval: dict[str, list[Record]] = field(default_factory=dict)
+
+
+FederationFactory = Callable[
+    [ExperimentConfig, Mapping[str, ClientTask], RunData, Resources], ServerFederation
+]
+"""Builds the backend's Federation from the run's config, client tasks, data and server resources."""
 
 
 def _load(spec: str, split: str, cfg: ExperimentConfig) -> list[Record]:
@@ -132,7 +139,7 @@ def _eval_row(result: EvalResult) -> dict[str, Any]:
     return row
 
 
-def _round_row(rnd: int, result: RoundResult, fed: InProcessFederation) -> dict[str, Any]:
+def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str, Any]:
     """The metrics row of a round; the runner adds timings and evaluation."""
     traffic = fed.traffic
     row: dict[str, Any] = {
@@ -165,8 +172,10 @@ class Runner:
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
         tap: TapHook | None = None,
+        federation: FederationFactory | None = None,
     ) -> None:
         self.cfg = cfg
+        self.federation = federation
         self.run_dir = Path(run_dir) if run_dir else cfg.run_dir()
         self.console = console or Console(stderr=True)
         self.before_task = before_task
@@ -174,7 +183,7 @@ class Runner:
         self.tap = tap
         self.history: list[dict[str, Any]] = []
 
-    def _build(self, progress: RunProgress) -> tuple[Algorithm, InProcessFederation, ServerContext]:
+    def _build(self, progress: RunProgress) -> tuple[Algorithm, ServerFederation, ServerContext]:
         data = prepare_data(self.cfg)
         (self.run_dir / "data_stats.json").write_text(
             json.dumps(
@@ -188,16 +197,10 @@ class Runner:
         )
         resources = Resources(self.cfg)
         algorithm = get_algorithm(self.cfg.algorithm)(self.cfg)
-        fed = InProcessFederation(
-            self.cfg,
-            algorithm.client_tasks(),
-            data.clients,
-            resources,
-            self.run_dir,
-            reporter=lambda cid: progress.client(fed.rnd, cid),
-            before_task=self.before_task,
-            after_task=self.after_task,
-            tap=self.tap,
+        fed = (
+            self.federation(self.cfg, algorithm.client_tasks(), data, resources)
+            if self.federation is not None
+            else self._in_process(algorithm, data, resources, progress)
         )
         server = ServerContext(
             cfg=self.cfg,
@@ -211,7 +214,23 @@ class Runner:
         )
         return algorithm, fed, server
 
-    def _checkpoint(self, rnd: int, algorithm: Algorithm, fed: InProcessFederation) -> None:
+    def _in_process(
+        self, algorithm: Algorithm, data: RunData, resources: Resources, progress: RunProgress
+    ) -> InProcessFederation:
+        fed = InProcessFederation(
+            self.cfg,
+            algorithm.client_tasks(),
+            data.clients,
+            resources,
+            self.run_dir,
+            reporter=lambda cid: progress.client(fed.rnd, cid),
+            before_task=self.before_task,
+            after_task=self.after_task,
+            tap=self.tap,
+        )
+        return fed
+
+    def _checkpoint(self, rnd: int, algorithm: Algorithm, fed: ServerFederation) -> None:
         tree = {
             "round": rnd,
             "algorithm": algorithm.state_dict(),
@@ -229,7 +248,7 @@ class Runner:
         with open(self.run_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(row) + "\n")
 
-    def _restore(self, algorithm: Algorithm, fed: InProcessFederation) -> int:
+    def _restore(self, algorithm: Algorithm, fed: ServerFederation) -> int:
         clean_partial(self.run_dir)
         path = latest_checkpoint(self.run_dir)
         if path is None:
@@ -246,7 +265,7 @@ class Runner:
         self,
         rnd: int,
         algorithm: Algorithm,
-        fed: InProcessFederation,
+        fed: ServerFederation,
         server: ServerContext,
         progress: RunProgress,
     ) -> dict[str, Any]:
@@ -298,7 +317,7 @@ class Runner:
         self,
         rnd: int,
         algorithm: Algorithm,
-        fed: InProcessFederation,
+        fed: ServerFederation,
         server: ServerContext,
         progress: RunProgress,
     ) -> None:
@@ -320,6 +339,8 @@ class Runner:
     def _save_artifacts(self, algorithm: Algorithm, server: ServerContext) -> None:
         final = getattr(algorithm, "final_adapter", None)
         if final is None:
+            # Not a LoRA adapter on the configured model (e.g. FedBiOT's adapter layers): its own files.
+            algorithm.write_artifacts(self.run_dir / "artifacts")
             return
         from fedtune.models.lora import load_adapter
 
@@ -380,3 +401,10 @@ def resume_experiment(run_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
         raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir)
     return Runner(cfg, run_dir, **kwargs).run(resume=True)
+
+
+def print_run_summary(run_dir: Path, title: str, console: Console) -> None:
+    """The before/after table of a finished run, read back from its metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    history = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    console.print(summary_table(history, title))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedtune.algorithms.registry import algorithm_names
+from fedtune.algorithms.registry import algorithm_names, get_algorithm
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
 from tests.integration.helpers import quiet_runner, stable, tiny_config
@@ -46,9 +46,18 @@ def test_resume_equals_uninterrupted(algorithm: str, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1]
     resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
-    assert stable(resumed) == stable(full)
     on_disk = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
-    assert stable(on_disk) == stable(full)
+    # Clients restarted with the server may be sent again what they had cached: more bytes in the
+    # first resumed round (never fewer), everything else identical.
+    resent = get_algorithm(algorithm).resends_after_restart
+    for key in resent:
+        assert resumed[2][key] >= full[2][key], key
+    assert without(stable(resumed), resent, 2) == without(stable(full), resent, 2)
+    assert without(stable(on_disk), resent, 2) == without(stable(full), resent, 2)
+
+
+def without(rows: list[dict[str, Any]], keys: tuple[str, ...], index: int) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if i != index or k not in keys} for i, row in enumerate(rows)]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -36,6 +36,9 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     Config: ClassVar[type[BaseModel]]
+    resends_after_restart: ClassVar[tuple[str, ...]] = ()
+    """Metric keys that legitimately grow in the first round after a resume: an algorithm whose clients
+    cache what they received (FedBiOT's emulator) sends it again to clients restarted with the server."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg

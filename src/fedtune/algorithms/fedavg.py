@@ -73,11 +73,13 @@ def collect_adapters(
     fed: Federation,
     rnd: int,
     global_adapter: Mapping[str, np.ndarray],
-    message: Payload,
+    message: Payload | Mapping[str, Payload],
     *,
     reference: bool = True,
 ) -> tuple[list[str], dict[str, Payload], list[int]]:
     """Sample clients, run their "fit" task and validate the replies against ``global_adapter``'s shapes.
+
+    ``message`` is one broadcast payload or a payload per sampled client.
 
     Returns ``(sampled, replies, example counts)``; raises ``RoundFailed`` below ``fed.min_replies``.
     """

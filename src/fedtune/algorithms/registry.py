@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from fedtune.algorithms.base import Algorithm
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
-_BUILTIN_MODULES = ("fedtune.algorithms.fedavg", "fedtune.algorithms.fedpt")
+_BUILTIN_MODULES = ("fedtune.algorithms.fedavg", "fedtune.algorithms.fedpt", "fedtune.algorithms.fedbiot")
 
 A = TypeVar("A", bound="type[Algorithm]")
 

@@ -53,6 +53,17 @@ def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
     return node
 
 
+def encode_tree(tree: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """``tree`` as a JSON-able skeleton plus its arrays (tensors become numpy, bf16 becomes fp32)."""
+    arrays: dict[str, np.ndarray] = {}
+    return _encode(tree, "", arrays), arrays
+
+
+def decode_tree(skeleton: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """The inverse of ``encode_tree``."""
+    return _decode(skeleton, arrays)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

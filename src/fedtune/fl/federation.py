@@ -100,6 +100,16 @@ class Federation(Protocol):
     def begin_round(self, rnd: int) -> None: ...
 
 
+class ServerFederation(Federation, Protocol):
+    """What the runner needs of a backend beyond the contract: the round, resumable state."""
+
+    rnd: int
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 def seeded_sample(client_ids: list[str], k: int, seed: int, rnd: int) -> list[str]:
     """k distinct clients, a pure function of (seed, round) so that resume samples the same ones."""
     if k >= len(client_ids):

@@ -7,9 +7,13 @@ never as bf16 (Flower arrays cannot hold it), so bf16 tensors are widened to fp3
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    # Imported lazily: a Flower ClientApp relay encodes payloads without paying for torch.
+    import torch
 
 Scalar = int | float | str | bool
 Value = np.ndarray | Scalar
@@ -23,6 +27,8 @@ class PayloadError(ValueError):
 
 
 def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
+    import torch
+
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
@@ -36,6 +42,8 @@ def state_to_payload(state: Mapping[str, torch.Tensor], prefix: str = "") -> Pay
 
 def payload_to_state(payload: Mapping[str, Value], prefix: str = "") -> dict[str, torch.Tensor]:
     """The arrays of a payload whose keys start with ``prefix``, as tensors, prefix removed."""
+    import torch
+
     return {
         key[len(prefix) :]: torch.from_numpy(np.array(value, copy=True))
         for key, value in payload.items()

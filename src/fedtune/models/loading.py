@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from fedtune.models.tiny import TINY_ARCHS, tiny_model
+from fedtune.models.tiny import TINY_ARCHS, tiny_model, tiny_tokenizer
 from fedtune.models.zoo import convert_gguf_cached, default_cache_dir, fetch, get_entry, zoo_names
 
 ModelKind = Literal["causal-lm", "encoder"]
@@ -263,6 +263,22 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(source)
     return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
+
+
+def load_tokenizer(name: str, *, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of ``name`` (with a pad token), for a party that must not load the model."""
+    tiny = parse_tiny_name(name)
+    if tiny is not None:
+        tokenizer: PreTrainedTokenizerBase = tiny_tokenizer()
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "causal-lm", cache_dir))
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(
+                f"the tokenizer of {name} has neither a pad nor an eos token to pad batches with"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def load_encoder_classifier(

@@ -37,7 +37,7 @@ def attach_lora(
     r: int,
     alpha: int,
     dropout: float,
-    target_modules: Sequence[str] | None = None,
+    target_modules: Sequence[str] | str | None = None,
     seed: int = 0,
     task_type: str = "CAUSAL_LM",
 ) -> PeftModel:
@@ -46,7 +46,10 @@ def attach_lora(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=list(target_modules or default_targets(model)),
+        # A string is a regex peft matches against the full module name.
+        target_modules=target_modules
+        if isinstance(target_modules, str)
+        else list(target_modules or default_targets(model)),
         task_type=task_type,
         # GPT-2 stores its projections as Conv1D (weight transposed).
         fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2",

@@ -80,3 +80,28 @@ def proximal_term(params: Mapping[str, torch.Tensor], reference: Mapping[str, to
     if not terms:
         raise ValueError("proximal_term: no parameter of the reference is trainable")
     return torch.stack(terms).sum()
+
+
+def normalised_hidden_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """``||s - t||^2 / ||t||^2`` over rows of ``[N, H]`` hidden states: the squared error relative
+    to the teacher's mean square, so the term is scale-free (hidden norms grow with depth)."""
+    teacher = teacher.float()
+    return ((student.float() - teacher) ** 2).sum() / (teacher**2).sum().clamp_min(1e-12)
+
+
+def emulator_alignment_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FedBiOT's eq. (2) on N positions: normalised hidden MSE + lam * mean KL(p_teacher || p_student).
+
+    Returns ``(loss, mse, kl)``; the KL is the mean over positions of the forward KL of the
+    full-model-with-adapter's next-token distribution from the emulator-with-adapter's.
+    """
+    mse = normalised_hidden_mse(student_hidden, teacher_hidden)
+    rows = max(1, student_logits.shape[0])
+    kl = distillation_kl(student_logits, teacher_logits) / rows if lam > 0 else mse.new_zeros(())
+    return mse + lam * kl, mse.detach(), kl.detach()

@@ -1,0 +1,259 @@
+"""FedBiOT's Tables 1-3 at small scale: Offsite-tuning, FedOT and FedBiOT side by side on one task.
+
+    python bench/fedbiot_table.py configs/paper/fedbiot-math.yaml                 # run what is missing
+    python bench/fedbiot_table.py configs/paper/fedbiot-math.yaml --seeds 0 1 2 --dropouts 0.2
+    python bench/fedbiot_table.py configs/paper/fedbiot-math.yaml --ablation     # Appendix C: lambda, eps
+    python bench/fedbiot_table.py configs/paper/fedbiot-math.yaml --table-only
+
+Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropout>-s<seed>``):
+- ``offsite``: Offsite-tuning: one client holding all data (``fed.mode=centralized``), adapter = first 2 +
+  last 2 layers, emulator distilled once (``align_steps=0``), no proximal term;
+- ``fedot``: FedOT, the same split and fixed emulator, federated;
+- ``fedbiot_a2`` / ``fedbiot_a4``: FedBiOT with the last 2 / 4 layers as the adapter.
+Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
+the table gives mean ± std over seeds (population std), bytes per round and what a client holds.
+Every run is a subprocess (``python -m fedtune run``): a crash loses only that run; rerunning resumes
+unfinished runs and skips finished ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_RESULTS_DIR, machine_info, markdown_table
+from bench.fedpt_table import final_eval, read_rows
+
+OFFSITE = [
+    "fedbiot.split=first_last",
+    "fedbiot.adapter_layers=4",
+    "fedbiot.align_steps=0",
+    "fedbiot.prox_eps=0",
+]
+METHODS: dict[str, list[str]] = {
+    "offsite": [*OFFSITE, "fed.mode=centralized"],
+    "fedot": OFFSITE,
+    "fedbiot_a2": ["fedbiot.split=last", "fedbiot.adapter_layers=2"],
+    "fedbiot_a4": ["fedbiot.split=last", "fedbiot.adapter_layers=4"],
+}
+LABELS = {
+    "offsite": "Offsite-tuning",
+    "fedot": "FedOT",
+    "fedbiot_a2": "FedBiOT (Adapter 2)",
+    "fedbiot_a4": "FedBiOT (Adapter 4)",
+}
+# Appendix C on one task: lambda (Table 5) and eps (Table 7), FedBiOT adapter 2 at dropout 0.2.
+ABLATION: dict[str, list[str]] = {
+    "lambda0": ["fedbiot.align_lambda=0"],
+    "lambda0.25": ["fedbiot.align_lambda=0.25"],
+    "lambda1": ["fedbiot.align_lambda=1.0"],
+    "eps0": ["fedbiot.prox_eps=0"],
+    "eps1": ["fedbiot.prox_eps=1.0"],
+}
+
+
+def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
+    if (run_dir / "artifacts" / "fedbiot.json").is_file():
+        print(f"finished earlier: {run_dir}", flush=True)
+        return
+    command = [sys.executable, "-m", "fedtune"]
+    if (run_dir / "checkpoints").is_dir():
+        command += ["resume", str(run_dir)]
+    else:
+        command += ["run", str(config), *overrides, "-o", str(run_dir)]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def primary_metric(cfg: Any) -> str:
+    generation = [m for m in cfg.eval.metrics if m != "perplexity"]
+    return generation[0] if generation else "perplexity"
+
+
+def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
+    """Mean / std over seeds of AdapEmu and AdapFu, plus traffic and client size of the first run."""
+    finals = [final_eval(read_rows(d)) for d in run_dirs]
+    finals = [f for f in finals if f]
+    out: dict[str, Any] = {"seeds": len(finals)}
+    for model in ("adapemu", "adapfu"):
+        for name in (metric, "perplexity"):
+            values = [f[f"{model}/{name}"] for f in finals if f"{model}/{name}" in f]
+            if values:
+                out[f"{model}/{name}"] = float(np.mean(values))
+                out[f"{model}/{name}_std"] = float(np.std(values))
+    done = [d for d in run_dirs if read_rows(d)]
+    if done:
+        rows = [r for r in read_rows(done[0]) if r.get("round", 0) > 0]
+        out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 2**20
+        out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 2**20
+        out["emulator_sends"] = int(sum(r.get("emulator_sends", 0) for r in rows))
+        info_path = done[0] / "artifacts" / "fedbiot.json"
+        if info_path.is_file():
+            info = json.loads(info_path.read_text())
+            out["client"] = info.get("params", {})
+            out["split"] = info.get("split", {})
+    return out
+
+
+def _fmt(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
+    if key not in result:
+        return "-"
+    std = result.get(f"{key}_std", 0.0)
+    return f"{result[key] * scale:.2f} ± {std * scale:.2f}"
+
+
+def markdown(
+    cfg: Any, metric: str, results: dict[str, dict[str, Any]], dropouts: list[float], command: str
+) -> str:
+    scale = 100.0 if metric != "perplexity" else 1.0
+    unit = " (%)" if scale == 100.0 else ""
+    header = ["method"]
+    for d in dropouts:
+        header += [f"AdapEmu d={d}", f"AdapFu d={d}"]
+    header += ["MB down / round", "MB up / round", "client params (M)", "adapter params (M)"]
+    rows = []
+    for method, label in LABELS.items():
+        cells = [label]
+        first: dict[str, Any] = {}
+        for d in dropouts:
+            result = results.get(f"{method}-d{d}", {})
+            first = first or result
+            cells += [_fmt(result, f"adapemu/{metric}", scale), _fmt(result, f"adapfu/{metric}", scale)]
+        if not first:
+            continue
+        client = first.get("client", {})
+        cells += [
+            f"{first.get('mb_down_per_round', 0):.1f}",
+            f"{first.get('mb_up_per_round', 0):.1f}",
+            f"{client.get('client_params', 0) / 1e6:.1f}",
+            f"{client.get('adapter_params', 0) / 1e6:.1f}",
+        ]
+        rows.append(cells)
+    seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
+    lines = [
+        f"# {cfg.name}: {metric}{unit} of AdapEmu / AdapFu, mean ± std over {seeds} seed(s)",
+        "",
+        f"`{command}`; model {cfg.model.name}, {cfg.fed.rounds} rounds, K = {cfg.train.max_steps} "
+        f"local steps (batch {cfg.train.batch_size}), {cfg.eval.max_examples} test examples. MB per "
+        "round are for the first seed and the first dropout listed (all clients of a round together).",
+        "",
+        markdown_table(header, rows),
+    ]
+    ppl = [
+        [
+            LABELS.get(k.split("-d")[0], k),
+            k.split("-d")[1],
+            _fmt(v, "adapemu/perplexity"),
+            _fmt(v, "adapfu/perplexity"),
+        ]
+        for k, v in results.items()
+        if "adapfu/perplexity" in v
+    ]
+    if ppl:
+        lines += [
+            "",
+            "Perplexity on the test set:",
+            "",
+            markdown_table(["method", "dropout", "AdapEmu", "AdapFu"], ppl),
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--dropouts", nargs="+", type=float, default=[0.2, 0.5])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument(
+        "--ablation", action="store_true", help="Appendix C: lambda and eps, adapter 2, d = 0.2"
+    )
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    args = parser.parse_args(argv)
+    from fedtune.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    metric = primary_metric(cfg)
+    base = args.runs_dir / cfg.name
+    command = "python bench/fedbiot_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.ablation:
+        variants = {"default": [], **ABLATION}
+        dirs = {name: [base / f"ablation-{name}-s{seed}" for seed in args.seeds] for name in variants}
+        if not args.table_only:
+            for name, overrides in variants.items():
+                for seed, run_dir in zip(args.seeds, dirs[name], strict=True):
+                    run_one(
+                        args.config,
+                        [
+                            *METHODS["fedbiot_a2"],
+                            "fedbiot.dropout=0.2",
+                            *overrides,
+                            f"seed={seed}",
+                            *args.set,
+                        ],
+                        run_dir,
+                    )
+        results = {name: summarise(paths, metric) for name, paths in dirs.items()}
+        rows = [
+            [
+                name,
+                " ".join(variants[name]) or "(config)",
+                _fmt(r, f"adapemu/{metric}", 100),
+                _fmt(r, f"adapfu/{metric}", 100),
+            ]
+            for name, r in results.items()
+            if r.get("seeds")
+        ]
+        text = "\n".join(
+            [
+                f"# {cfg.name}: ablation of lambda and eps (FedBiOT adapter 2, dropout 0.2), {metric} (%)",
+                "",
+                f"`{command}`",
+                "",
+                markdown_table(["variant", "overrides", "AdapEmu", "AdapFu"], rows),
+            ]
+        )
+        stem = args.results_dir / f"ablation-{cfg.name}"
+    else:
+        dirs = {
+            f"{method}-d{d}": [base / f"{method}-d{d}-s{seed}" for seed in args.seeds]
+            for d in args.dropouts
+            for method in args.methods
+        }
+        if not args.table_only:
+            for d in args.dropouts:
+                for method in args.methods:
+                    for seed, run_dir in zip(args.seeds, dirs[f"{method}-d{d}"], strict=True):
+                        run_one(
+                            args.config,
+                            [*METHODS[method], f"fedbiot.dropout={d}", f"seed={seed}", *args.set],
+                            run_dir,
+                        )
+        results = {key: summarise(paths, metric) for key, paths in dirs.items()}
+        text = markdown(cfg, metric, results, args.dropouts, command)
+        stem = args.results_dir / f"table-{cfg.name}"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(
+        json.dumps(
+            {"config": cfg.name, "command": command, "machine": machine_info(), "results": results}, indent=1
+        )
+    )
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""FedBiOT / FedOT / Offsite-tuning on tiny random models: traffic boundaries, who trains what."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedtune.algorithms.fedbiot import ClientCacheMiss, FedBiOT
+from fedtune.fl.federation import ClientContext
+from fedtune.fl.payload import Payload
+from fedtune.models.loading import load_causal_lm
+from fedtune.models.surgery import layer_state, non_layer_parameters
+from fedtune.progress import RunProgress
+from fedtune.resources import Resources
+from tests.integration.helpers import quiet_runner, tiny_config
+
+FEDOT = (
+    "fedbiot.split=first_last",
+    "fedbiot.adapter_layers=4",
+    "fedbiot.align_steps=0",
+    "fedbiot.prox_eps=0",
+)
+LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.float32).tobytes()).hexdigest()
+
+
+def _run_and_tap(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str, int, Payload]]]:
+    seen: list[tuple[str, str, int, Payload]] = []
+    history = quiet_runner(cfg, run_dir, tap=lambda d, c, t, r, p: seen.append((d, c, r, p))).run()
+    return history, seen
+
+
+def _built(cfg: Any, run_dir: Path) -> tuple[FedBiOT, Any, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runner = quiet_runner(cfg, run_dir)
+    with RunProgress(runner.console, 1, enabled=False) as progress:
+        algorithm, fed, server = runner._build(progress)
+    assert isinstance(algorithm, FedBiOT)
+    algorithm.setup(server)
+    return algorithm, fed, server
+
+
+@pytest.mark.parametrize("variant", ["fedbiot", "fedot"])
+def test_no_dropped_layer_ever_leaves_the_server(variant: str, tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", *(FEDOT if variant == "fedot" else ()))
+    algorithm = FedBiOT(cfg)
+    _, seen = _run_and_tap(cfg, tmp_path / "run")
+    original, _ = load_causal_lm(cfg.model.name, seed=cfg.seed)
+    from fedtune.algorithms.fedbiot import make_split
+
+    split = make_split(cfg.fedbiot, 8)
+    assert split.dropped, "the tiny config must drop layers for this test to mean anything"
+    allowed = {_digest(v) for v in layer_state(original, split.kept).values()}
+    # Norm weights start as all-ones in every layer: only digests unique to dropped layers identify them.
+    dropped = {_digest(v) for v in layer_state(original, split.dropped).values()} - allowed
+    assert dropped
+    assert {d for d, *_ in seen} == {"down", "up"}
+    for direction, _, _, payload in seen:
+        for key, value in payload.items():
+            if not isinstance(value, np.ndarray) or key.startswith("layout/"):
+                continue
+            match = LAYER.search(key)
+            if match:
+                index = int(match.group(1))
+                assert index in split.kept and index not in split.dropped, key
+                if direction == "up":
+                    assert key.startswith("adapter/") and index in split.adapter, key
+            else:
+                assert direction == "down" and key.startswith("frozen/"), key
+            assert _digest(value) not in dropped, key
+    del algorithm
+
+
+def test_emulator_is_sent_only_when_it_changed(tmp_path: Path) -> None:
+    # FedOT: the emulator is fixed after the initial distillation -> each client gets it once.
+    cfg = tiny_config("fedbiot", *FEDOT, "fed.rounds=3")
+    history, seen = _run_and_tap(cfg, tmp_path / "fedot")
+    downs = [(client, rnd, p) for d, client, rnd, p in seen if d == "down"]
+    for client, rnd, payload in downs:
+        has_emulator = any(k.startswith("emulator/") for k in payload)
+        has_frozen = any(k.startswith("frozen/") for k in payload)
+        assert has_emulator == has_frozen == (rnd == 1), (client, rnd)
+    assert (
+        history[1]["emulator_sends"] == 4
+        and history[2]["emulator_sends"] == history[3]["emulator_sends"] == 0
+    )
+    assert history[2]["bytes_down"] < history[1]["bytes_down"]
+    assert history[2]["bytes_down"] == history[3]["bytes_down"]
+    # FedBiOT aligns the emulator every round: it changes, so it is sent every round.
+    cfg = tiny_config("fedbiot", "fed.rounds=3")
+    history, seen = _run_and_tap(cfg, tmp_path / "fedbiot")
+    for d, _, rnd, payload in seen:
+        if d == "down":
+            assert any(k.startswith("emulator/") for k in payload)
+            assert any(k.startswith("frozen/") for k in payload) == (rnd == 1)
+    assert [row["emulator_version"] for row in history[1:]] == [2, 3, 4]
+
+
+def test_only_the_emulator_trains_on_the_server(tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot")
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    full, emulator, split = server.resources.get("fedbiot/server_models", lambda: None)
+    original, _ = load_causal_lm(cfg.model.name, seed=cfg.seed)
+
+    def snapshot(model: Any, positions: Any = None) -> dict[str, np.ndarray]:
+        return layer_state(model, list(range(8)) if positions is None else split.kept, positions)
+
+    emulator_before = snapshot(emulator, split.emulator_positions())
+    for rnd in (1, 2):
+        fed.begin_round(rnd)
+        algorithm.run_round(rnd, server, fed)
+    # E* and the non-layer weights of the full model are exactly the pretrained ones.
+    pretrained = layer_state(original, split.emulator_full)
+    for key, value in layer_state(full, split.emulator_full).items():
+        np.testing.assert_array_equal(value, pretrained[key])
+    for key, p in non_layer_parameters(full).items():
+        torch.testing.assert_close(p, dict(original.named_parameters())[key], rtol=0, atol=0)
+    after = snapshot(emulator, split.emulator_positions())
+    emulator_keys = set(layer_state(emulator, split.emulator, split.emulator_positions()))
+    changed = {k for k in after if not np.array_equal(after[k], emulator_before[k])}
+    # Emulator layers moved (alignment), adapter layers hold the new global adapter; nothing else.
+    assert changed & emulator_keys
+    assert changed <= emulator_keys | set(algorithm.global_adapter)
+
+
+def test_proximal_term_keeps_the_adapter_near_the_broadcast(tmp_path: Path) -> None:
+    def drift(eps: float) -> float:
+        cfg = tiny_config("fedbiot", f"fedbiot.prox_eps={eps}", "fed.rounds=1", "train.max_steps=6")
+        algorithm, fed, server = _built(cfg, tmp_path / f"eps{eps}")
+        start = dict(algorithm.global_adapter)
+        fed.begin_round(1)
+        algorithm.run_round(1, server, fed)
+        return float(sum(np.sum((algorithm.global_adapter[k] - start[k]) ** 2) for k in start))
+
+    free, held = drift(0.0), drift(10.0)
+    assert 0 < held < 0.9 * free
+
+
+def test_lora_adapter_mode_sends_only_lora_factors_up(tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", "fedbiot.adapter_mode=lora", "lora.r=2", "lora.alpha=4")
+    history, seen = _run_and_tap(cfg, tmp_path / "run")
+    ups = [p for d, _, _, p in seen if d == "up"]
+    assert ups
+    for payload in ups:
+        keys = [k for k, v in payload.items() if isinstance(v, np.ndarray)]
+        assert keys and all("lora_" in k for k in keys)
+    first = next(p for d, _, r, p in seen if d == "down" and r == 1)
+    # The adapter layers' frozen base weights travel with the frozen part in LoRA mode.
+    assert any(k.startswith("frozen/") and LAYER.search(k) and "lora_" not in k for k in first)
+    assert np.isfinite(history[-1]["eval"]["adapfu/perplexity"])
+
+
+def test_offsite_tuning_is_one_client_with_all_data(tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", *FEDOT, "fed.mode=centralized")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    assert history[1]["clients"] == ["central"]
+    assert {"adapemu/perplexity", "adapfu/perplexity"} <= set(history[-1]["eval"])
+
+
+def test_round_zero_adapfu_is_the_pretrained_model(tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot")
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    zero = algorithm.evaluate(0, server, fed).metrics
+    original, tokenizer = load_causal_lm(cfg.model.name, seed=cfg.seed)
+    from fedtune.eval.evaluate import evaluate_lm
+
+    reference = evaluate_lm(
+        original,
+        tokenizer,
+        server.eval_records,
+        cfg.eval,
+        template=cfg.data.template,
+        max_length=cfg.data.max_length,
+        seed=0,
+    ).metrics
+    assert zero["adapfu/perplexity"] == pytest.approx(reference["perplexity"], rel=1e-6)
+    assert zero["adapemu/perplexity"] != pytest.approx(reference["perplexity"], rel=1e-3)
+
+
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_restarted_client_process(cache: str, tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", *FEDOT, f"fedbiot.client_cache={cache}")
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    client = fed.client_ids()[0]
+    _, emulator, split = server.resources.get("fedbiot/server_models", lambda: None)
+    workdir = tmp_path / "client"
+
+    def context(resources: Resources) -> ClientContext:
+        return ClientContext(client, cfg, fed.client_data[client], resources, {}, workdir, rnd=1)
+
+    first = algorithm._message(client, emulator, split)
+    algorithm._fit(context(Resources(cfg)), first)
+    algorithm.sent[client] = (algorithm.frozen_version, algorithm.emulator_version)
+    lean = algorithm._message(client, emulator, split)
+    assert not any(k.startswith(("emulator/", "frozen/")) for k in lean)
+    fresh = Resources(cfg)  # a new client process: nothing in memory
+    if cache == "memory":
+        with pytest.raises(ClientCacheMiss, match="holds no emulator model"):
+            algorithm._fit(context(fresh), lean)
+    else:
+        # Architecture, frozen part and emulator all come from the client's own disk.
+        reply = algorithm._fit(context(fresh), lean)
+        assert np.isfinite(reply["train_loss"])
+        again = algorithm._fit(context(Resources(cfg)), lean)
+        key = "adapter/" + next(iter(algorithm.global_adapter))
+        np.testing.assert_array_equal(again[key], reply[key])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_runs_on_other_decoder_families(arch: str, tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", f"model.name=tiny-{arch}-L8-H32", "fed.rounds=1", *FEDOT)
+    history, seen = _run_and_tap(cfg, tmp_path / "run")
+    assert not history[1]["failed"] and not history[1]["rejected"]
+    assert np.isfinite(history[1]["eval"]["adapemu/perplexity"])
+    assert any(k.startswith("emulator/") for d, _, _, p in seen if d == "down" for k in p)
