@@ -1,0 +1,28 @@
+"""Smoke test of bench/fedbiot_table.py on the tiny config: runs, resumes nothing twice, tabulates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import fedbiot_table
+
+from tests.integration.helpers import ROOT
+
+
+def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> None:
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += ["--methods", "offsite", "fedbiot_a2", "--dropouts", "0.4", "--set", "fed.rounds=1"]
+    fedbiot_table.main(argv)
+    runs = tmp_path / "runs" / "fedbiot-tiny"
+    assert (runs / "offsite-d0.4-s0" / "artifacts" / "fedbiot.json").is_file()
+    info = json.loads((runs / "fedbiot_a2-d0.4-s0" / "artifacts" / "fedbiot.json").read_text())
+    assert info["split"]["adapter"] == [6, 7] and len(info["split"]["emulator"]) == 3
+    assert 0 < info["params"]["client_params"] < info["params"]["full_params"]
+    table = (tmp_path / "results" / "table-fedbiot-tiny.md").read_text()
+    assert "Offsite-tuning" in table and "FedBiOT (Adapter 2)" in table and "FedOT" not in table
+    results = json.loads((tmp_path / "results" / "table-fedbiot-tiny.json").read_text())["results"]
+    assert results["offsite-d0.4"]["seeds"] == 1 and "adapfu/rougeL" in results["fedbiot_a2-d0.4"]
+    # A second call finds the finished runs and only tabulates.
+    fedbiot_table.main([*argv, "--table-only"])
