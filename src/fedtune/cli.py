@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from fedtune.fl.flower.cli import flower_app
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -27,6 +29,7 @@ models_app = typer.Typer(help="The offline model zoo.", no_args_is_help=True)
 data_app = typer.Typer(help="Built-in datasets and partitions.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
+app.add_typer(flower_app, name="flower")
 
 console = Console(stderr=True)
 # Piped output (files, CI logs) gets wide tables instead of 80-column wrapping.
@@ -69,19 +72,26 @@ def run(
     config: Annotated[Path, typer.Argument(help="experiment YAML")],
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. fed.rounds=5")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="default runs/<name>")] = None,
-    backend: Annotated[str, typer.Option(help="simulation (in-process)")] = "simulation",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="simulation (in-process) or flower (a local Flower deployment: SuperLink + one "
+            "SuperNode per client on loopback); default: the config's fed.backend"
+        ),
+    ] = None,
 ) -> None:
     """Run an experiment: config + overrides -> metrics, checkpoints and artifacts in the run directory."""
     from fedtune.config import load_config
-    from fedtune.runner import run_experiment
 
     try:
         cfg = load_config(config, overrides or [])
-        if backend != "simulation":
-            raise ValueError(f"unknown backend {backend!r}; available: simulation")
+        if backend is not None:
+            if backend not in ("simulation", "flower"):
+                raise ValueError(f"unknown backend {backend!r}; available: simulation, flower")
+            cfg.fed.backend = backend  # type: ignore[assignment]
         run_dir = output_dir or cfg.run_dir()
-        console.print(f"run [bold]{cfg.name}[/] ({cfg.algorithm}) -> {run_dir}")
-        run_experiment(cfg, run_dir, console=console)
+        console.print(f"run [bold]{cfg.name}[/] ({cfg.algorithm}, {cfg.fed.backend}) -> {run_dir}")
+        _run_on_backend(cfg, run_dir, resume=False)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     console.print(f"done: {run_dir}/metrics.jsonl; `fedtune report {run_dir}` for plots")
@@ -89,13 +99,33 @@ def run(
 
 @app.command()
 def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
-    """Continue a run from its last complete round."""
-    from fedtune.runner import resume_experiment
+    """Continue a run from its last complete round (on the backend the run was started with)."""
+    from fedtune.config import load_run_config
+    from fedtune.data.records import DataError
 
     try:
-        resume_experiment(run_dir, console=console)
+        if not (run_dir / "config.yaml").is_file():
+            raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
+        _run_on_backend(load_run_config(run_dir), run_dir, resume=True)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
+
+
+def _run_on_backend(cfg: Any, run_dir: Path, resume: bool) -> None:
+    if cfg.fed.backend == "flower":
+        from fedtune.fl.flower.deploy import DeploymentError
+        from fedtune.fl.flower.local import run_local
+        from fedtune.runner import print_run_summary
+
+        try:
+            run_local(cfg, run_dir, resume=resume)
+        except DeploymentError as exc:
+            _fail(exc)
+        print_run_summary(run_dir, cfg.name, console)
+        return
+    from fedtune.runner import Runner
+
+    Runner(cfg, run_dir, console=console).run(resume=resume)
 
 
 def _final_model(run_dir: Path) -> tuple[Any, Any, Any]:

@@ -106,3 +106,16 @@ def test_p6_smoke_caches_the_teacher_once(tmp_path: Path) -> None:
     assert cached[0]["teacher_seconds"] > 0 and all(r["teacher_seconds"] == 0.0 for r in cached[1:])
     assert all(r["teacher_seconds"] > 0 for r in recomputed)
     assert record["cache_mb"] > 0 and _positive(record["summary"]["disk"]["ratio_to_kd_pass"])
+
+
+def test_p8_smoke_runs_both_backends(tmp_path: Path) -> None:
+    _load("p8").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p8.smoke.json").read_text())
+    assert (tmp_path / "p8.smoke.md").read_text().startswith("P8")
+    assert record["smoke"] is True and record["clients"] == 2 and record["timed_rounds"] == [2]
+    summary = record["summary"]
+    assert _positive(summary["round_seconds"]["in_process"]) and _positive(summary["round_seconds"]["flower"])
+    assert _positive(summary["ratio"])
+    # The two backends wrote the same metrics (loss, eval, bytes) for the same job.
+    assert record["same_metrics"] is True
+    assert {run["side"] for run in record["runs"]} == {"in_process", "flower"}

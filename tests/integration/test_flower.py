@@ -1,0 +1,137 @@
+"""The Flower backend on a loopback deployment: one SuperLink, two SuperNodes, real processes.
+
+One deployment serves the whole module (each test submits its own Flower run); tests that need a
+misbehaving client restart that SuperNode with a hook and restore it afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.fl.flower.deploy import LocalDeployment
+from tests.integration import flower_hooks
+from tests.integration.flower_support import assert_close, flower_run, rows
+from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
+
+TWO_CLIENTS = ("data.partition.num_clients=2",)
+HOOKS = "tests.integration.flower_hooks"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+    with LocalDeployment(root=tmp_path_factory.mktemp("flower"), num_nodes=2) as running:
+        yield running
+
+
+def restart_node(deployment: LocalDeployment, index: int, env: dict[str, str] | None = None) -> None:
+    deployment.kill_node(index)
+    deployment.start_node(index, env=env)
+
+
+def hooked_env(**variables: str) -> dict[str, str]:
+    return {"PYTHONPATH": str(ROOT), **variables}
+
+
+def test_flower_run_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", *TWO_CLIENTS)
+    expected = quiet_runner(cfg, tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedit", *TWO_CLIENTS), tmp_path / "flower")
+    assert [row["round"] for row in actual] == [0, 1, 2]
+    assert_close(stable(actual), stable(expected))
+    assert actual[1]["bytes_up"] > 0 and actual[1]["bytes_down"] > 0
+    weights = {}
+    for name in ("simulation", "flower"):
+        tree = load_checkpoint(latest_checkpoint(tmp_path / name))  # type: ignore[arg-type]
+        weights[name] = tree["algorithm"]["global_adapter"]
+    assert set(weights["flower"]) == set(weights["simulation"])
+    for key, value in weights["simulation"].items():
+        np.testing.assert_allclose(weights["flower"][key], value, rtol=1e-5, atol=1e-7)
+    assert (tmp_path / "flower" / "config.yaml").is_file()
+    assert yaml.safe_load((tmp_path / "flower" / "config.yaml").read_text())["fed"]["backend"] == "flower"
+
+
+def test_bad_replies_are_rejected_before_aggregation(deployment: LocalDeployment, tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", *TWO_CLIENTS)
+    expected = quiet_runner(cfg, tmp_path / "simulation", after_task=flower_hooks.poison_in_process).run()
+    env = hooked_env(FEDTUNE_FLOWER_AFTER_TASK=f"{HOOKS}:poison", FEDTUNE_TEST_POISON_ROUND="1")
+    restart_node(deployment, 1, env)
+    try:
+        actual = flower_run(deployment, tiny_config("fedit", *TWO_CLIENTS), tmp_path / "flower")
+    finally:
+        restart_node(deployment, 1)
+    assert "NaN" in actual[1]["rejected"]["c01"]
+    assert actual[2]["rejected"] == {} and actual[2]["failed"] == {}
+    assert_close(stable(actual), stable(expected))
+
+
+def test_supernode_killed_mid_round(deployment: LocalDeployment, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = hooked_env(
+        FEDTUNE_FLOWER_BEFORE_TASK=f"{HOOKS}:mark_and_stall",
+        FEDTUNE_TEST_DIR=str(markers),
+        FEDTUNE_TEST_STALL_ROUND="2",
+    )
+    restart_node(deployment, 1, env)
+    cfg = tiny_config("fedit", *TWO_CLIENTS, "fed.rounds=3", "fed.client_timeout=60", "fed.min_replies=1")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            flower_run(deployment, cfg, tmp_path / "run")
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not (markers / "c01.fit.r2").exists() and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (markers / "c01.fit.r2").exists(), "client c01 never started round 2"
+        # The machine of c01 vanishes mid-task, then comes back (a new SuperNode, a new node id).
+        restart_node(deployment, 1)
+    finally:
+        runner.join(timeout=600)
+    assert not errors, errors
+    history = rows(tmp_path / "run")
+    assert [row["round"] for row in history] == [0, 1, 2, 3]
+    assert history[2]["clients"] == ["c00", "c01"]
+    assert "late" in history[2]["failed"]["c01"]
+    assert history[2]["train_loss"] is not None and history[2]["num_examples"] == 25
+    # Back in round 3: both clients trained, as in round 1.
+    assert history[3]["failed"] == {} and history[3]["rejected"] == {}
+    assert history[3]["bytes_up"] == history[1]["bytes_up"]
+    assert history[3]["num_examples"] == history[1]["num_examples"]
+
+
+def test_client_state_survives_rounds_and_restarts(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # Standalone FedIT: each client keeps its own adapter in ClientContext.state across rounds.
+    standalone = (*TWO_CLIENTS, "fed.mode=standalone")
+    expected = quiet_runner(tiny_config("fedit", *standalone, "fed.rounds=3"), tmp_path / "sim").run()
+    run_dir = tmp_path / "flower"
+    flower_run(deployment, tiny_config("fedit", *standalone, "fed.rounds=2"), run_dir)
+    # Both client machines restart: Flower's context.state is gone, the clients' disks are not.
+    restart_node(deployment, 0)
+    restart_node(deployment, 1)
+    history = flower_run(deployment, tiny_config("fedit", *standalone, "fed.rounds=3"), run_dir, resume=True)
+    keys = ("round", "clients", "train_loss", "num_examples", "tokens", "bytes_up", "bytes_down")
+
+    def training(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{key: row.get(key) for key in keys} for row in history]
+
+    assert_close(training(history), training(expected))
+    for client in ("c00", "c01"):
+        saved = run_dir / "clients" / client / "flower_state" / "checkpoints"
+        assert (saved / "round_0003" / "state.json").is_file()
+        state = load_checkpoint(saved / "round_0003")["state"]
+        assert set(state) == {"adapter"} and all(np.isfinite(v).all() for v in state["adapter"].values())
