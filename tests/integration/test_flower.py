@@ -106,7 +106,9 @@ def test_supernode_killed_mid_round(deployment: LocalDeployment, tmp_path: Path)
     history = rows(tmp_path / "run")
     assert [row["round"] for row in history] == [0, 1, 2, 3]
     assert history[2]["clients"] == ["c00", "c01"]
-    assert "late" in history[2]["failed"]["c01"]
+    # Either no reply within the timeout, or the SuperLink already saw the node's heartbeat stop.
+    reason = history[2]["failed"]["c01"]
+    assert "late" in reason or "Node Unavailable" in reason, reason
     assert history[2]["train_loss"] is not None and history[2]["num_examples"] == 25
     # Back in round 3: both clients trained, as in round 1.
     assert history[3]["failed"] == {} and history[3]["rejected"] == {}
