@@ -237,6 +237,7 @@ class FedBiOT(Algorithm):
         self.split: LayerSplit | None = None
         self._models: tuple[Any, Any, LayerSplit] | None = None
         self._public: list[Batch] = []
+        self._wire: dict[tuple[str, int], Payload] = {}
         self.init_stats = AlignStats(0.0, 0.0, 0.0, 0)
 
     # ----------------------------------------------------------------- models
@@ -425,13 +426,24 @@ class FedBiOT(Algorithm):
         message.update(_layout(split))
         message.update(frozen_version=self.frozen_version, emulator_version=self.emulator_version)
         if frozen_v != self.frozen_version:
-            config = unwrap(emulator).config
-            message["arch"] = config.to_json_string(use_diff=False)
-            frozen = frozen_parameters(emulator, split, self.section.adapter_mode)
-            message.update({FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()})
+            message.update(self._wire_part("frozen", self.frozen_version, emulator, split))
         if emulator_v != self.emulator_version:
-            message.update({EMULATOR + k: v for k, v in self._emulator_state(emulator, split).items()})
+            message.update(self._wire_part("emulator", self.emulator_version, emulator, split))
         return message
+
+    def _wire_part(self, part: str, version: int, emulator: Any, split: LayerSplit) -> Payload:
+        """The frozen part or the emulator as payload entries, built once per version, not per client."""
+        key = (part, version)
+        if key not in self._wire:
+            self._wire = {k: v for k, v in self._wire.items() if k[0] != part}  # older versions go
+            if part == "frozen":
+                frozen = frozen_parameters(emulator, split, self.section.adapter_mode)
+                entries: Payload = {FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()}
+                entries["arch"] = unwrap(emulator).config.to_json_string(use_diff=False)
+            else:
+                entries = {EMULATOR + k: v for k, v in self._emulator_state(emulator, split).items()}
+            self._wire[key] = entries
+        return self._wire[key]
 
     # ----------------------------------------------------------------- client
     def client_tasks(self) -> dict[str, ClientTask]:
@@ -624,6 +636,7 @@ class FedBiOT(Algorithm):
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
         self.emulator_version = int(state["emulator_version"])
         self.sent = {}
+        self._wire = {}
         load_layer_state(
             emulator, state["emulator"], split.emulator, split.emulator_positions(), what="checkpoint"
         )
