@@ -58,7 +58,8 @@ def _setup_logging(verbose: bool) -> None:
 
 def _fail(exc: BaseException) -> None:
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    console.print(f"[bold red]error:[/] {message}")
+    # soft_wrap: a long path or "file line N" must stay on one line (readable, and greppable).
+    console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 
