@@ -6,6 +6,8 @@ misbehaving client restart that SuperNode with a hook and restore it afterwards.
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -137,3 +139,20 @@ def test_client_state_survives_rounds_and_restarts(deployment: LocalDeployment, 
         assert (saved / "round_0003" / "state.json").is_file()
         state = load_checkpoint(saved / "round_0003")["state"]
         assert set(state) == {"adapter"} and all(np.isfinite(v).all() for v in state["adapter"].values())
+
+
+def test_fedbiot_on_flower_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # FedBiOT's clients live in other processes here: they rebuild the emulator from the sent
+    # architecture and keep what they were sent on their own disk (fedbiot.client_cache: auto).
+    expected = quiet_runner(tiny_config("fedbiot", *TWO_CLIENTS), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedbiot", *TWO_CLIENTS), tmp_path / "flower")
+    assert [row["round"] for row in actual] == [0, 1, 2]
+    assert_close(stable(actual), stable(expected))
+    assert [row["emulator_sends"] for row in actual[1:]] == [2, 2]
+    layout = json.loads((tmp_path / "flower" / "artifacts" / "fedbiot.json").read_text())["split"]
+    for client in ("c00", "c01"):
+        cache = tmp_path / "flower" / "clients" / client / "fedbiot-cache"
+        assert {p.name for p in cache.iterdir()} == {"arch.json", "emulator.npz", "frozen.npz"}
+        with np.load(cache / "emulator.npz") as saved:
+            held = {int(m.group(1)) for k in saved.files if (m := re.search(r"layers\.(\d+)\.", k))}
+        assert held == set(layout["emulator"]) and not held & set(layout["dropped"])
