@@ -124,6 +124,22 @@ def test_distillation_moves_the_student_towards_the_teacher(tmp_path: Path) -> N
     assert first["kd_kl"] < one["kd_kl"]
 
 
+def test_distillation_does_not_depend_on_the_global_torch_rng(tmp_path: Path) -> None:
+    # LoRA dropout draws from torch's global RNG during KD. In simulation the clients' SFT ran just
+    # before in the same process, on Flower the ServerApp ran nothing: the backends must agree.
+    cfg = tiny_config("fedpt")
+    assert cfg.lora.dropout > 0
+    algorithm, _, server = _built(cfg, tmp_path / "run")
+    adapter = dict(server.resources.initial_adapter())
+    results = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        results.append(algorithm._distill(1, server, adapter)[0])
+    assert results[0].keys() == results[1].keys()
+    for key, value in results[0].items():
+        np.testing.assert_array_equal(value, results[1][key], err_msg=key)
+
+
 def test_kd_loss_matches_the_formula() -> None:
     torch.manual_seed(0)
     student = torch.randn(5, 12, requires_grad=True)

@@ -239,6 +239,9 @@ class FedPT(Algorithm):
         assert self._teacher is not None
         start = time.perf_counter()
         teacher_before = self._teacher.compute_seconds
+        # LoRA dropout draws from torch's global RNG: seed it here, or the distillation depends on
+        # whatever ran before in this process (the clients' local SFT in simulation, nothing on Flower).
+        torch.manual_seed(derive_seed(self.cfg.seed, rnd, "kd-dropout"))
         model, _ = server.resources.lora_lm()
         large = self.large(server)
         load_adapter(model, average)
