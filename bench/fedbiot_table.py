@@ -191,7 +191,14 @@ def main(argv: list[str] | None = None) -> None:
     command = "python bench/fedbiot_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.ablation:
         variants = {"default": [], **ABLATION}
-        dirs = {name: [base / f"ablation-{name}-s{seed}" for seed in args.seeds] for name in variants}
+        # The default variant is the table's FedBiOT (adapter 2, d = 0.2) run: the same run, shared.
+        dirs = {
+            name: [
+                base / (f"fedbiot_a2-d0.2-s{seed}" if name == "default" else f"ablation-{name}-s{seed}")
+                for seed in args.seeds
+            ]
+            for name in variants
+        }
         if not args.table_only:
             for name, overrides in variants.items():
                 for seed, run_dir in zip(args.seeds, dirs[name], strict=True):
@@ -213,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
                 " ".join(variants[name]) or "(config)",
                 _fmt(r, f"adapemu/{metric}", 100),
                 _fmt(r, f"adapfu/{metric}", 100),
+                _fmt(r, "adapemu/perplexity"),
+                _fmt(r, "adapfu/perplexity"),
+                str(r["seeds"]),
             ]
             for name, r in results.items()
             if r.get("seeds")
@@ -223,7 +233,10 @@ def main(argv: list[str] | None = None) -> None:
                 "",
                 f"`{command}`",
                 "",
-                markdown_table(["variant", "overrides", "AdapEmu", "AdapFu"], rows),
+                markdown_table(
+                    ["variant", "overrides", "AdapEmu", "AdapFu", "AdapEmu ppl", "AdapFu ppl", "seeds"],
+                    rows,
+                ),
             ]
         )
         stem = args.results_dir / f"ablation-{cfg.name}"
