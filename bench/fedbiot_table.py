@@ -68,7 +68,10 @@ def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
     if (run_dir / "checkpoints").is_dir():
         command += ["resume", str(run_dir)]
     else:
-        command += ["run", str(config), *overrides, "-o", str(run_dir)]
+        # Runs that differ only in what the initial emulator distillation does not depend on
+        # (method rows sharing a split, eps, seeds of other steps) share it through this cache.
+        shared = f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}"
+        command += ["run", str(config), shared, *overrides, "-o", str(run_dir)]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
 
@@ -167,6 +170,42 @@ def markdown(
     return "\n".join(lines)
 
 
+def plot(
+    cfg: Any, metric: str, results: dict[str, dict[str, Any]], dropouts: list[float], path: Path
+) -> Path:
+    """Grouped bars: per dropout one panel, per method AdapEmu and AdapFu, mean with a ± std whisker."""
+    from matplotlib.figure import Figure
+
+    scale = 100.0 if metric != "perplexity" else 1.0
+    figure = Figure(figsize=(4.6 * len(dropouts), 3.6), layout="constrained")
+    axes = figure.subplots(1, len(dropouts), squeeze=False, sharey=True)[0]
+    methods = [m for m in LABELS if any(f"{m}-d{d}" in results for d in dropouts)]
+    for ax, d in zip(axes, dropouts, strict=True):
+        for shift, model, colour in ((-0.2, "adapemu", "#ff7f0e"), (0.2, "adapfu", "#1f77b4")):
+            key = f"{model}/{metric}"
+            rows = [results.get(f"{m}-d{d}", {}) for m in methods]
+            ax.bar(
+                [i + shift for i in range(len(methods))],
+                [r.get(key, np.nan) * scale for r in rows],
+                0.4,
+                yerr=[r.get(f"{key}_std", 0.0) * scale for r in rows],
+                capsize=3,
+                color=colour,
+                label="AdapEmu" if model == "adapemu" else "AdapFu",
+            )
+        ax.set_xticks(range(len(methods)), [LABELS[m].replace(" (", "\n(") for m in methods], fontsize=8)
+        ax.set_title(f"dropout {d}")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0].set_ylabel(f"{metric}{' (%)' if scale == 100.0 else ''}")
+    axes[0].legend(loc="upper left", fontsize="small", frameon=False)
+    seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
+    figure.suptitle(f"{cfg.name}: {cfg.model.name}, mean ± std over {seeds} seed(s)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         results = {key: summarise(paths, metric) for key, paths in dirs.items()}
         text = markdown(cfg, metric, results, args.dropouts, command)
         stem = args.results_dir / f"table-{cfg.name}"
+        plot(cfg, metric, results, args.dropouts, stem.with_suffix(".png"))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(text + "\n")
     stem.with_suffix(".json").write_text(

@@ -163,6 +163,9 @@ class FedBiOTConfig(Section):
     public_dataset: str | None = None
     public_examples: int | None = Field(512, ge=1)
     client_cache: Literal["auto", "memory", "disk"] = "auto"
+    # A directory shared by runs: the initial emulator distillation is kept there under the
+    # fingerprint of the settings it depends on, and reused by any run with the same settings.
+    init_cache: str | None = None
 
     @model_validator(mode="after")
     def _check_split(self) -> FedBiOTConfig:

@@ -222,3 +222,34 @@ def test_runs_on_other_decoder_families(arch: str, tmp_path: Path) -> None:
     assert not history[1]["failed"] and not history[1]["rejected"]
     assert np.isfinite(history[1]["eval"]["adapemu/perplexity"])
     assert any(k.startswith("emulator/") for d, _, _, p in seen if d == "down" for k in p)
+
+
+def test_initial_distillation_is_shared_through_init_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fedtune.algorithms.fedbiot as fedbiot
+
+    calls: list[int] = []
+    align = fedbiot.align_emulator
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[3]))
+        return align(*args, **kwargs)
+
+    monkeypatch.setattr(fedbiot, "align_emulator", counting)
+    shared = f"fedbiot.init_cache={tmp_path / 'shared'}"
+    first, _, _ = _built(tiny_config("fedbiot", shared), tmp_path / "a")
+    assert calls == [first.section.init_steps]
+    # eps and the per-round steps do not enter the initial distillation: the second run reuses it.
+    second, _, _ = _built(tiny_config("fedbiot", shared, "fedbiot.prox_eps=0"), tmp_path / "b")
+    assert len(calls) == 1
+    assert (tmp_path / "b" / "fedbiot" / "emulator-init.npz").is_file()  # kept for its own resume
+    first_state = first._emulator_state(first._models[1], first.split)
+    second_state = second._emulator_state(second._models[1], second.split)
+    assert first_state.keys() == second_state.keys()
+    for key, value in first_state.items():
+        np.testing.assert_array_equal(value, second_state[key], err_msg=key)
+    # A setting that does enter it (lambda) distils anew, into an entry of its own.
+    _built(tiny_config("fedbiot", shared, "fedbiot.align_lambda=0"), tmp_path / "c")
+    assert len(calls) == 2
+    assert len(list((tmp_path / "shared").iterdir())) == 2

@@ -20,6 +20,7 @@ def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> Non
     info = json.loads((runs / "fedbiot_a2-d0.4-s0" / "artifacts" / "fedbiot.json").read_text())
     assert info["split"]["adapter"] == [6, 7] and len(info["split"]["emulator"]) == 3
     assert 0 < info["params"]["client_params"] < info["params"]["full_params"]
+    assert (tmp_path / "results" / "table-fedbiot-tiny.png").read_bytes().startswith(b"\x89PNG")
     table = (tmp_path / "results" / "table-fedbiot-tiny.md").read_text()
     assert "Offsite-tuning" in table and "FedBiOT (Adapter 2)" in table and "FedOT" not in table
     results = json.loads((tmp_path / "results" / "table-fedbiot-tiny.json").read_text())["results"]

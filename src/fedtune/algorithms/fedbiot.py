@@ -34,7 +34,9 @@ Choices where the paper is silent, and deviations:
   unlabelled); the MSE is normalised by the teacher's mean square as METHODS.md specifies, the KL is
   the forward KL from the full model's distribution, as METHODS.md orders it.
 - The initial (I_0-step) distillation runs with the initial adapter (the pretrained layers) and is
-  cached under ``<run>/fedbiot/`` with a fingerprint, so resuming does not repeat it.
+  cached under ``<run>/fedbiot/`` with a fingerprint, so resuming does not repeat it; ``init_cache``
+  names a directory where runs with the same fingerprint (e.g. Offsite-tuning and FedOT, or an eps
+  sweep) share it.
 - The server does not checkpoint which emulator version each client holds: after a resume every client
   receives the emulator again on first contact (weights and metrics are unchanged; bytes of that round
   are higher). Clients keep received weights in process memory, or also on their own disk
@@ -212,9 +214,18 @@ def align_emulator(
 
 def _atomic_savez(path: Path, state: Mapping[str, np.ndarray]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")  # runs sharing a cache may race
     np.savez(tmp, **dict(state))  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
     os.replace(tmp, path)
+
+
+def _save_init(directory: Path, state: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> None:
+    """The initial emulator and its fingerprint; the fingerprint last, so a reader never pairs it
+    with a half-written emulator."""
+    _atomic_savez(directory / "emulator-init.npz", state)
+    tmp = directory / f"emulator-init.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(dict(info), indent=1))
+    os.replace(tmp, directory / "emulator-init.json")
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
@@ -350,18 +361,28 @@ class FedBiOT(Algorithm):
     def _initial_distillation(
         self, server: ServerContext, full: Any, emulator: Any, split: LayerSplit
     ) -> AlignStats:
-        """I_0 steps of eq. (2) before federated learning, cached on disk for resume."""
+        """I_0 steps of eq. (2) before federated learning, cached on disk for resume.
+
+        With ``init_cache`` set, the result is also kept there under its settings' fingerprint, and
+        a run with the same settings loads it instead of distilling again.
+        """
         section = self.section
-        directory = server.run_dir / "fedbiot"
-        cache, meta = directory / "emulator-init.npz", directory / "emulator-init.json"
         digest = hashlib.sha256(json.dumps(self._fingerprint(), sort_keys=True).encode()).hexdigest()
-        if cache.is_file() and meta.is_file():
+        places = [server.run_dir / "fedbiot"]
+        if section.init_cache:
+            places.append(Path(section.init_cache).expanduser() / digest[:24])
+        for directory in places:
+            cache, meta = directory / "emulator-init.npz", directory / "emulator-init.json"
+            if not (cache.is_file() and meta.is_file()):
+                continue
             saved = json.loads(meta.read_text())
-            if saved.get("fingerprint") == digest:
-                load_layer_state(
-                    emulator, _load_npz(cache), split.emulator, split.emulator_positions(), what=str(cache)
-                )
-                return AlignStats(**saved["stats"])
+            if saved.get("fingerprint") != digest:
+                continue
+            state = _load_npz(cache)
+            load_layer_state(emulator, state, split.emulator, split.emulator_positions(), what=str(cache))
+            if directory != places[0]:
+                _save_init(places[0], state, saved)
+            return AlignStats(**saved["stats"])
         stats = align_emulator(
             full,
             emulator,
@@ -371,12 +392,10 @@ class FedBiOT(Algorithm):
             optimizer_name=section.align_optimizer,
             lr=section.align_lr,
         )
-        _atomic_savez(cache, self._emulator_state(emulator, split))
-        meta.write_text(
-            json.dumps(
-                {"fingerprint": digest, "config": self._fingerprint(), "stats": stats.__dict__}, indent=1
-            )
-        )
+        state = self._emulator_state(emulator, split)
+        info = {"fingerprint": digest, "config": self._fingerprint(), "stats": stats.__dict__}
+        for directory in places:
+            _save_init(directory, state, info)
         return stats
 
     # ------------------------------------------------------------------ round
