@@ -106,11 +106,39 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     return out
 
 
-def _fmt(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
+def _fmt(result: dict[str, Any], key: str, scale: float = 1.0, seeds: int = 0) -> str:
+    """mean ± std, with the number of seeds when it is not the table's ``seeds``."""
     if key not in result:
         return "-"
     std = result.get(f"{key}_std", 0.0)
-    return f"{result[key] * scale:.2f} ± {std * scale:.2f}"
+    count = f" (n={result['seeds']})" if seeds and result.get("seeds") != seeds else ""
+    return f"{result[key] * scale:.2f} ± {std * scale:.2f}{count}"
+
+
+def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: list[float]) -> list[str]:
+    """Whether each FedBiOT row's mean is >= both baselines' (higher is better but for perplexity)."""
+    sign = -1.0 if metric == "perplexity" else 1.0
+    checks = []
+    for d in dropouts:
+        for model, name in (("adapemu", "AdapEmu"), ("adapfu", "AdapFu")):
+            key = f"{model}/{metric}"
+            baselines = {
+                m: results[f"{m}-d{d}"][key]
+                for m in ("offsite", "fedot")
+                if key in results.get(f"{m}-d{d}", {})
+            }
+            for method in ("fedbiot_a2", "fedbiot_a4"):
+                ours = results.get(f"{method}-d{d}", {}).get(key)
+                if ours is None or not baselines:
+                    continue
+                beaten = [LABELS[m] for m, v in baselines.items() if sign * ours < sign * v]
+                if all(v == ours for v in baselines.values()):
+                    verdict = "tie (nothing separates them)"
+                else:
+                    verdict = "holds" if not beaten else f"does not hold (worse than {', '.join(beaten)})"
+                numbers = ", ".join(f"{LABELS[m]} {v:.4g}" for m, v in baselines.items())
+                checks.append(f"d={d}, {name}: {LABELS[method]} {ours:.4g} vs {numbers}: {verdict}")
+    return checks
 
 
 def markdown(
@@ -122,6 +150,7 @@ def markdown(
     for d in dropouts:
         header += [f"AdapEmu d={d}", f"AdapFu d={d}"]
     header += ["MB down / round", "MB up / round", "client params (M)", "adapter params (M)"]
+    seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
     rows = []
     for method, label in LABELS.items():
         cells = [label]
@@ -129,7 +158,10 @@ def markdown(
         for d in dropouts:
             result = results.get(f"{method}-d{d}", {})
             first = first or result
-            cells += [_fmt(result, f"adapemu/{metric}", scale), _fmt(result, f"adapfu/{metric}", scale)]
+            cells += [
+                _fmt(result, f"adapemu/{metric}", scale, seeds),
+                _fmt(result, f"adapfu/{metric}", scale, seeds),
+            ]
         if not first:
             continue
         client = first.get("client", {})
@@ -140,7 +172,6 @@ def markdown(
             f"{client.get('adapter_params', 0) / 1e6:.1f}",
         ]
         rows.append(cells)
-    seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
     lines = [
         f"# {cfg.name}: {metric}{unit} of AdapEmu / AdapFu, mean ± std over {seeds} seed(s)",
         "",
@@ -150,12 +181,19 @@ def markdown(
         "",
         markdown_table(header, rows),
     ]
+    for name in dict.fromkeys([metric, "perplexity"]):
+        checks = ordering_checks(results, name, dropouts)
+        if checks:
+            better = "lower" if name == "perplexity" else "higher"
+            lines += ["", "The paper's ordering, FedBiOT at least as good as Offsite-tuning and FedOT, "]
+            lines[-1] += f"on mean {name} ({better} is better):"
+            lines += ["", *[f"- {check}" for check in checks]]
     ppl = [
         [
             LABELS.get(k.split("-d")[0], k),
             k.split("-d")[1],
-            _fmt(v, "adapemu/perplexity"),
-            _fmt(v, "adapfu/perplexity"),
+            _fmt(v, "adapemu/perplexity", seeds=seeds),
+            _fmt(v, "adapfu/perplexity", seeds=seeds),
         ]
         for k, v in results.items()
         if "adapfu/perplexity" in v
