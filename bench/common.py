@@ -156,3 +156,12 @@ def write_results(
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     (results_dir / f"{stem}.md").write_text(markdown + "\n", encoding="utf-8")
     return path
+
+
+def write_table(stem: Path, text: str, config: str, command: str, results: Any) -> None:
+    """A paper-table script's output: ``<stem>.md`` (what it prints) and ``<stem>.json`` (the numbers)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(text if text.endswith("\n") else text + "\n")
+    record = {"config": config, "command": command, "machine": machine_info(), "results": results}
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    print(text)

@@ -30,8 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, machine_info, markdown_table
+from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
 from bench.fedbiot_table import METHODS
+from bench.fedpt_table import read_rows
 
 SHORT = [
     "fed.rounds=1",
@@ -76,8 +77,7 @@ def measure(config: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]
     command += [*overrides, "-o", str(run_dir)]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if r.get("round", 0) > 0]
+    trained = [r for r in read_rows(run_dir) if r.get("round", 0) > 0]
     if not trained or "client_peak_mem_mb" not in trained[-1]:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no client_peak_mem_mb")
     out: dict[str, Any] = {
@@ -134,15 +134,7 @@ def main(argv: list[str] | None = None) -> None:
             ),
         ]
     )
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.results_dir / f"memory-{cfg.name}"
-    stem.with_suffix(".md").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(
-        json.dumps(
-            {"config": cfg.name, "command": command, "machine": machine_info(), "results": results}, indent=1
-        )
-    )
-    print(text)
+    write_table(args.results_dir / f"memory-{cfg.name}", text, cfg.name, command, results)
 
 
 if __name__ == "__main__":

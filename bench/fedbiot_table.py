@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, machine_info, markdown_table
+from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
 from bench.fedpt_table import final_eval, read_rows
 
 OFFSITE = [
@@ -336,14 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         text = markdown(cfg, metric, results, args.dropouts, command)
         stem = args.results_dir / f"table-{cfg.name}"
         plot(cfg, metric, results, args.dropouts, stem.with_suffix(".png"))
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(
-        json.dumps(
-            {"config": cfg.name, "command": command, "machine": machine_info(), "results": results}, indent=1
-        )
-    )
-    print(text)
+    write_table(stem, text, cfg.name, command, results)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, machine_info, now, setup_torch
+from bench.common import DEFAULT_RESULTS_DIR, now, setup_torch, write_table
 
 METHODS: dict[str, list[str]] = {
     "fedavg_small": ["algorithm=fedit"],
@@ -267,15 +267,7 @@ def main() -> None:
     results = tabulate(cfg, runs, memory)
     command = "python bench/fedpt_table.py " + " ".join(sys.argv[1:])
     text = markdown(cfg, results, command)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.results_dir / f"table-{cfg.name}"
-    stem.with_suffix(".md").write_text(text)
-    stem.with_suffix(".json").write_text(
-        json.dumps(
-            {"config": cfg.name, "command": command, "machine": machine_info(), "results": results}, indent=1
-        )
-    )
-    print(text)
+    write_table(args.results_dir / f"table-{cfg.name}", text, cfg.name, command, results)
 
 
 if __name__ == "__main__":
