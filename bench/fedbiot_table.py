@@ -83,15 +83,18 @@ def primary_metric(cfg: Any) -> str:
 
 def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     """Mean / std over seeds of AdapEmu and AdapFu, plus traffic and client size of the first run."""
-    finals = [final_eval(read_rows(d)) for d in run_dirs]
-    finals = [f for f in finals if f]
-    out: dict[str, Any] = {"seeds": len(finals)}
+    # A seed also draws the test subset (eval.max_examples), so methods are compared seed by seed too.
+    by_seed = {d.name.rsplit("-s", 1)[-1]: final_eval(read_rows(d)) for d in run_dirs}
+    by_seed = {seed: f for seed, f in by_seed.items() if f}
+    out: dict[str, Any] = {"seeds": len(by_seed)}
     for model in ("adapemu", "adapfu"):
         for name in (metric, "perplexity"):
-            values = [f[f"{model}/{name}"] for f in finals if f"{model}/{name}" in f]
+            key = f"{model}/{name}"
+            values = {seed: f[key] for seed, f in by_seed.items() if key in f}
             if values:
-                out[f"{model}/{name}"] = float(np.mean(values))
-                out[f"{model}/{name}_std"] = float(np.std(values))
+                out[key] = float(np.mean(list(values.values())))
+                out[f"{key}_std"] = float(np.std(list(values.values())))
+                out[f"{key}_by_seed"] = values
     done = [d for d in run_dirs if read_rows(d)]
     if done:
         rows = [r for r in read_rows(done[0]) if r.get("round", 0) > 0]
@@ -116,28 +119,35 @@ def _fmt(result: dict[str, Any], key: str, scale: float = 1.0, seeds: int = 0) -
 
 
 def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: list[float]) -> list[str]:
-    """Whether each FedBiOT row's mean is >= both baselines' (higher is better but for perplexity)."""
+    """Whether each FedBiOT row is at least as good as the baselines (higher is better but for
+    perplexity): on the means over the seeds all three rows have (a seed also draws the test subset),
+    and seed by seed."""
     sign = -1.0 if metric == "perplexity" else 1.0
+    key_of = {"AdapEmu": f"adapemu/{metric}", "AdapFu": f"adapfu/{metric}"}
     checks = []
     for d in dropouts:
-        for model, name in (("adapemu", "AdapEmu"), ("adapfu", "AdapFu")):
-            key = f"{model}/{metric}"
-            baselines = {
-                m: results[f"{m}-d{d}"][key]
-                for m in ("offsite", "fedot")
-                if key in results.get(f"{m}-d{d}", {})
-            }
+        for name, key in key_of.items():
             for method in ("fedbiot_a2", "fedbiot_a4"):
-                ours = results.get(f"{method}-d{d}", {}).get(key)
-                if ours is None or not baselines:
+                present = {m: results.get(f"{m}-d{d}", {}).get(f"{key}_by_seed", {}) for m in LABELS}
+                names = [method] + [m for m in ("offsite", "fedot") if present[m]]
+                rows = [present[m] for m in names]
+                seeds = sorted(set(rows[0]).intersection(*rows[1:]))
+                if len(names) < 2 or not seeds:
                     continue
-                beaten = [LABELS[m] for m, v in baselines.items() if sign * ours < sign * v]
-                if all(v == ours for v in baselines.values()):
+                ours, *baselines = [float(np.mean([row[s] for s in seeds])) for row in rows]
+                beaten = [
+                    LABELS[m] for m, v in zip(names[1:], baselines, strict=True) if sign * ours < sign * v
+                ]
+                if all(v == ours for v in baselines):
                     verdict = "tie (nothing separates them)"
                 else:
                     verdict = "holds" if not beaten else f"does not hold (worse than {', '.join(beaten)})"
-                numbers = ", ".join(f"{LABELS[m]} {v:.4g}" for m, v in baselines.items())
-                checks.append(f"d={d}, {name}: {LABELS[method]} {ours:.4g} vs {numbers}: {verdict}")
+                numbers = ", ".join(f"{LABELS[m]} {v:.4g}" for m, v in zip(names[1:], baselines, strict=True))
+                wins = sum(all(sign * rows[0][s] >= sign * other[s] for other in rows[1:]) for s in seeds)
+                checks.append(
+                    f"d={d}, {name}, {len(seeds)} seed(s): {LABELS[method]} {ours:.4g} vs {numbers}: "
+                    f"{verdict}; at least as good as every baseline in {wins} of {len(seeds)} seed(s)"
+                )
     return checks
 
 

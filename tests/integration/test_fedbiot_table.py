@@ -23,7 +23,7 @@ def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> Non
     assert (tmp_path / "results" / "table-fedbiot-tiny.png").read_bytes().startswith(b"\x89PNG")
     table = (tmp_path / "results" / "table-fedbiot-tiny.md").read_text()
     assert "| Offsite-tuning |" in table and "| FedBiOT (Adapter 2) |" in table and "| FedOT |" not in table
-    assert "- d=0.4, AdapFu: FedBiOT (Adapter 2)" in table  # the paper's ordering, checked against Offsite
+    assert "- d=0.4, AdapFu, 1 seed(s): FedBiOT (Adapter 2)" in table  # the ordering, against Offsite
     results = json.loads((tmp_path / "results" / "table-fedbiot-tiny.json").read_text())["results"]
     assert results["offsite-d0.4"]["seeds"] == 1 and "adapfu/rougeL" in results["fedbiot_a2-d0.4"]
     # A second call finds the finished runs and only tabulates.
