@@ -242,13 +242,14 @@ def plot(
                 label="AdapEmu" if model == "adapemu" else "AdapFu",
             )
         ax.set_xticks(range(len(methods)), [LABELS[m].replace(" (", "\n(") for m in methods], fontsize=8)
-        ax.set_title(f"dropout {d}")
+        seeds = max((results.get(f"{m}-d{d}", {}).get("seeds", 0) for m in methods), default=0)
+        ax.set_title(f"dropout {d} ({seeds} seed{'s' if seeds != 1 else ''})")
         ax.grid(True, axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[0].set_ylabel(f"{metric}{' (%)' if scale == 100.0 else ''}")
-    axes[0].legend(loc="upper left", fontsize="small", frameon=False)
-    seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
-    figure.suptitle(f"{cfg.name}: {cfg.model.name}, mean ± std over {seeds} seed(s)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    figure.suptitle(f"{cfg.name}: {cfg.model.name}, mean ± std over seeds")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     return path
