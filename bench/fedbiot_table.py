@@ -127,12 +127,13 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
     checks = []
     for d in dropouts:
         for name, key in key_of.items():
+            present = {m: results.get(f"{m}-d{d}", {}).get(f"{key}_by_seed", {}) for m in LABELS}
+            compared = [m for m in ("offsite", "fedot") if present[m]]
             for method in ("fedbiot_a2", "fedbiot_a4"):
-                present = {m: results.get(f"{m}-d{d}", {}).get(f"{key}_by_seed", {}) for m in LABELS}
-                names = [method] + [m for m in ("offsite", "fedot") if present[m]]
+                names = [method, *compared]
                 rows = [present[m] for m in names]
                 seeds = sorted(set(rows[0]).intersection(*rows[1:]))
-                if len(names) < 2 or not seeds:
+                if not compared or not seeds:
                     continue
                 ours, *baselines = [float(np.mean([row[s] for s in seeds])) for row in rows]
                 beaten = [
@@ -195,9 +196,9 @@ def markdown(
         checks = ordering_checks(results, name, dropouts)
         if checks:
             better = "lower" if name == "perplexity" else "higher"
-            lines += ["", "The paper's ordering, FedBiOT at least as good as Offsite-tuning and FedOT, "]
-            lines[-1] += f"on mean {name} ({better} is better):"
-            lines += ["", *[f"- {check}" for check in checks]]
+            heading = "The paper's ordering, FedBiOT at least as good as Offsite-tuning and FedOT"
+            lines += ["", f"{heading}, on mean {name} ({better} is better):", ""]
+            lines += [f"- {check}" for check in checks]
     ppl = [
         [
             LABELS.get(k.split("-d")[0], k),
