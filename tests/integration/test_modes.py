@@ -70,3 +70,39 @@ def test_other_decoder_families_run(arch: str, tmp_path: Path) -> None:
     history = quiet_runner(cfg, tmp_path / "run").run()
     assert history[1]["eval"]["perplexity"] < history[0]["eval"]["perplexity"]
     assert history[1]["bytes_up"] > 0
+
+
+def test_standalone_with_sampling_starts_new_clients_from_the_initial_adapter(tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", "fed.mode=standalone", "fed.fraction=0.5", "fed.rounds=3", "eval.every=3")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+
+    rounds = history[1:]
+    assert all(row["failed"] == {} and row["rejected"] == {} for row in rounds)
+    sampled = [set(row["clients"]) for row in rounds]
+    assert len(set.union(*sampled)) > len(sampled[0]), "the config must sample a new client after round 1"
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    states = load_checkpoint(path)["federation"]["clients"]
+    assert {cid for cid, state in states.items() if "adapter" in state} == set.union(*sampled)
+    # Only a client seen for the first time is sent the initial adapter.
+    new_in_round_2 = sampled[1] - sampled[0]
+    assert (rounds[1]["bytes_down"] > 0) == bool(new_in_round_2)
+
+
+def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path) -> None:
+    from fedtune.algorithms.fedavg import FedIT
+
+    cfg = tiny_config("fedit", "fed.mode=standalone", "fed.rounds=1")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    states = load_checkpoint(path)["federation"]["clients"]
+    resources = Resources(cfg)
+    from fedtune.runner import prepare_data
+
+    records = prepare_data(cfg).eval_records
+    algorithm = FedIT(cfg)
+    per_client = [algorithm._evaluate_adapter(s["adapter"], resources, records, 1) for s in states.values()]
+    expected = sum(r.metrics["perplexity"] for r in per_client) / len(per_client)
+    assert history[1]["eval"]["perplexity"] == pytest.approx(expected, rel=1e-9)
+    assert history[1]["eval"]["perplexity"] != pytest.approx(history[0]["eval"]["perplexity"])

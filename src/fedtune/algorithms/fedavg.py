@@ -5,8 +5,10 @@ epochs of response-only SFT and returns its adapter and example count; the serve
 adapters weighted by example count and takes a server step (lr 1 = plain FedAvg).
 
 Run modes (``fed.mode``): ``federated``; ``standalone`` (each client keeps and trains its own
-adapter, nothing is aggregated, evaluation averages the client models); ``centralized`` (the
-runner gives the union of client data to a single client).
+adapter, nothing is aggregated; a client starts from the initial adapter the first time it is
+sampled; evaluation is a client task -- each client evaluates its own adapter -- averaged over the
+clients that hold one); ``centralized`` (the runner gives the union of client data to a single
+client).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.registry import register
 from fedtune.config import FedITConfig
+from fedtune.data.records import Record
 from fedtune.data.tokenize import Example, encode_records
 from fedtune.eval.evaluate import EvalResult, evaluate_lm, mean_results
 from fedtune.fl.aggregate import server_step, weighted_average
@@ -30,6 +33,43 @@ from fedtune.train.sft import local_sft
 
 ADAPTER = "adapter/"
 REPLY_SCALARS = {"num_examples": int, "train_loss": float, "tokens": int}
+METRIC = "metric/"
+CATEGORY = "category/"
+
+
+def result_payload(result: EvalResult) -> Payload:
+    """An evaluation result as scalars: ``metric/<name>`` and ``category/<metric>/<category>``."""
+    reply: Payload = {METRIC + name: float(value) for name, value in result.metrics.items()}
+    for metric, categories in result.by_category.items():
+        reply.update({f"{CATEGORY}{metric}/{cat}": float(value) for cat, value in categories.items()})
+    return reply
+
+
+def payload_result(reply: Payload) -> EvalResult:
+    """The inverse of ``result_payload``."""
+    metrics = {k[len(METRIC) :]: float(v) for k, v in reply.items() if k.startswith(METRIC)}
+    by_category: dict[str, dict[str, float]] = {}
+    for key, value in reply.items():
+        if key.startswith(CATEGORY):
+            metric, _, cat = key[len(CATEGORY) :].partition("/")
+            by_category.setdefault(metric, {})[cat] = float(value)
+    return EvalResult(metrics, by_category)
+
+
+def current_eval_set(server: ServerContext) -> str:
+    """Which test set the runner is evaluating: ``""`` (the primary one) or an extra dataset's name."""
+    return next((name for name, recs in server.extra_eval.items() if recs is server.eval_records), "")
+
+
+def evaluation_records(ctx: ClientContext, eval_set: str) -> list[Record]:
+    """The run's evaluation set (``""``: the primary one, else an ``eval.extra_datasets`` name).
+
+    Test sets are not private: every client derives the same ones from the config, as the server does.
+    """
+    from fedtune.runner import prepare_data
+
+    data = ctx.resources.get("run_data", lambda: prepare_data(ctx.cfg))
+    return list(data.extra_eval[eval_set] if eval_set else data.eval_records)
 
 
 def client_examples(ctx: ClientContext) -> list[Example]:
@@ -76,15 +116,18 @@ def collect_adapters(
     message: Payload | Mapping[str, Payload],
     *,
     reference: bool = True,
+    sampled: list[str] | None = None,
 ) -> tuple[list[str], dict[str, Payload], list[int]]:
     """Sample clients, run their "fit" task and validate the replies against ``global_adapter``'s shapes.
 
-    ``message`` is one broadcast payload or a payload per sampled client.
+    ``message`` is one broadcast payload or a payload per sampled client; ``sampled`` the clients
+    when the caller has sampled them already.
 
     Returns ``(sampled, replies, example counts)``; raises ``RoundFailed`` below ``fed.min_replies``.
     """
     cfg = algorithm.cfg
-    sampled = fed.sample(algorithm.clients_per_round(fed), rnd)
+    if sampled is None:
+        sampled = fed.sample(algorithm.clients_per_round(fed), rnd)
     spec = ReplySpec.like(
         {ADAPTER + k: v for k, v in global_adapter.items()},
         scalars=REPLY_SCALARS,
@@ -121,54 +164,73 @@ class FedIT(Algorithm):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.global_adapter: dict[str, np.ndarray] = {}
+        self.holders: set[str] = set()  # standalone: the clients that hold a personal adapter
 
     def client_tasks(self) -> dict[str, ClientTask]:
-        return {"fit": self._fit}
+        return {"fit": self._fit, "evaluate": self._evaluate_own}
 
     def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
         adapter = arrays(msg, ADAPTER)
         if self.cfg.fed.mode == "standalone":
-            # The client's own adapter persists; the server sends nothing to start from after round 1.
+            # The client's own adapter persists; the server sends the initial one only to clients without.
             adapter = ctx.state.get("adapter", adapter)
+            if not adapter:
+                raise ValueError(f"client {ctx.client_id} holds no adapter and was sent none")
         reply = fit_adapter(ctx, adapter, self.section.prox_mu)
         if self.cfg.fed.mode == "standalone":
             ctx.state["adapter"] = arrays(reply, ADAPTER)
         return reply
 
+    def _evaluate_own(self, ctx: ClientContext, msg: Payload) -> Payload:
+        """Evaluate this client's own adapter (standalone mode) on the set ``msg["eval_set"]`` names."""
+        adapter = ctx.state.get("adapter")
+        if not adapter:
+            raise ValueError(f"client {ctx.client_id} holds no adapter to evaluate")
+        records = evaluation_records(ctx, str(msg.get("eval_set", "")))
+        rnd = int(msg["round"])
+        return result_payload(self._evaluate_adapter(adapter, ctx.resources, records, rnd))
+
     def setup(self, server: ServerContext) -> None:
         self.global_adapter = dict(server.resources.initial_adapter())
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
-        standalone = self.cfg.fed.mode == "standalone"
-        message: Payload = {} if standalone and rnd > 1 else self._broadcast()
-        sampled, replies, weights = collect_adapters(
-            self, fed, rnd, self.global_adapter, message, reference=not standalone
-        )
-        if not standalone:
+        if self.cfg.fed.mode != "standalone":
+            sampled, replies, weights = collect_adapters(
+                self, fed, rnd, self.global_adapter, self._broadcast()
+            )
             average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
             self.global_adapter = server_step(self.global_adapter, average, self.section.server_lr)
+            return fit_round_result(sampled, replies, weights)
+        # Standalone: only a client that holds no adapter yet is sent the initial one.
+        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        messages = {cid: {} if cid in self.holders else self._broadcast() for cid in sampled}
+        sampled, replies, weights = collect_adapters(
+            self, fed, rnd, self.global_adapter, messages, reference=False, sampled=sampled
+        )
+        self.holders.update(replies)
         return fit_round_result(sampled, replies, weights)
 
     def _broadcast(self) -> Payload:
         return {ADAPTER + k: v for k, v in self.global_adapter.items()}
 
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
-        if self.cfg.fed.mode == "standalone" and rnd > 0:
-            states = getattr(fed, "states", {})
-            personal = [s["adapter"] for s in states.values() if "adapter" in s]
-            if personal:
-                return mean_results([self._evaluate_adapter(a, server, rnd) for a in personal])
-        return self._evaluate_adapter(self.global_adapter, server, rnd)
+        if self.cfg.fed.mode == "standalone" and rnd > 0 and self.holders:
+            holders = [cid for cid in fed.client_ids() if cid in self.holders]
+            message: Payload = {"eval_set": current_eval_set(server), "round": rnd}
+            replies = fed.call(holders, "evaluate", message)
+            if replies:
+                return mean_results([payload_result(replies[cid]) for cid in holders if cid in replies])
+        return self._evaluate_adapter(self.global_adapter, server.resources, server.eval_records, rnd)
 
     def _evaluate_adapter(
-        self, adapter: Mapping[str, np.ndarray], server: ServerContext, rnd: int
+        self, adapter: Mapping[str, np.ndarray], resources: Any, records: list[Record], rnd: int
     ) -> EvalResult:
-        model, tokenizer = server.resources.lora_lm()
+        model, tokenizer = resources.lora_lm()
         load_adapter(model, adapter)
         return evaluate_lm(
             model,
             tokenizer,
-            server.eval_records,
+            records,
             self.cfg.eval,
             template=self.cfg.data.template,
             max_length=self.cfg.data.max_length,
@@ -179,7 +241,8 @@ class FedIT(Algorithm):
         return self.global_adapter
 
     def state_dict(self) -> dict[str, Any]:
-        return {"global_adapter": self.global_adapter}
+        return {"global_adapter": self.global_adapter, "holders": sorted(self.holders)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
+        self.holders = set(state.get("holders", []))
