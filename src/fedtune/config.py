@@ -212,10 +212,16 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ExperimentConfig:
-        from fedtune.algorithms.registry import algorithm_names
+        from fedtune.algorithms.registry import algorithm_names, get_algorithm
 
         if self.algorithm not in algorithm_names():
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {algorithm_names()}")
+        modes = get_algorithm(self.algorithm).modes
+        if self.fed.mode not in modes:
+            raise ValueError(
+                f"fed.mode {self.fed.mode!r} is not supported by algorithm {self.algorithm!r}; "
+                f"it supports {', '.join(modes)}"
+            )
         if self.fed.min_replies > self.data.partition.num_clients:
             raise ValueError("fed.min_replies is larger than data.partition.num_clients")
         return self

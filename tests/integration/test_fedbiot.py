@@ -253,3 +253,17 @@ def test_initial_distillation_is_shared_through_init_cache(
     _built(tiny_config("fedbiot", shared, "fedbiot.align_lambda=0"), tmp_path / "c")
     assert len(calls) == 2
     assert len(list((tmp_path / "shared").iterdir())) == 2
+
+
+def test_client_model_is_placed_on_model_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedtune.algorithms import fedbiot
+
+    asked: list[str] = []
+
+    def spy(device: str) -> torch.device:
+        asked.append(device)
+        return torch.device("cpu")
+
+    monkeypatch.setattr(fedbiot, "resolve_device", spy)
+    quiet_runner(tiny_config("fedbiot", "fed.rounds=1", "model.device=cpu"), tmp_path / "run").run()
+    assert asked == ["cpu"], "the client's emulator model must go to model.device"

@@ -75,3 +75,17 @@ def test_shipped_configs_validate() -> None:
     assert paths
     for path in paths:
         load_config(path)
+
+
+@pytest.mark.parametrize(("algorithm", "mode"), [("fedbiot", "standalone"), ("fedpt", "centralized")])
+def test_a_mode_the_algorithm_does_not_implement_is_a_config_error(algorithm: str, mode: str) -> None:
+    with pytest.raises(ConfigError, match=rf"fed.mode '{mode}' is not supported by algorithm '{algorithm}'"):
+        validate_config({"algorithm": algorithm, "fed": {"mode": mode}})
+
+
+def test_every_algorithm_declares_the_modes_it_supports() -> None:
+    from fedtune.algorithms.registry import algorithm_names, get_algorithm
+
+    for name in algorithm_names():
+        modes = get_algorithm(name).modes
+        assert "federated" in modes and set(modes) <= {"federated", "standalone", "centralized"}

@@ -36,6 +36,8 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     Config: ClassVar[type[BaseModel]]
+    modes: ClassVar[tuple[str, ...]] = ("federated",)
+    """The ``fed.mode`` values this method implements; any other is a config error before training."""
     resends_after_restart: ClassVar[tuple[str, ...]] = ()
     """Metric keys that legitimately grow in the first round after a resume: an algorithm whose clients
     cache what they received (FedBiOT's emulator) sends it again to clients restarted with the server."""

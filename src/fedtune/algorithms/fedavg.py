@@ -160,6 +160,7 @@ def fit_round_result(
 class FedIT(Algorithm):
     name = "fedit"
     Config = FedITConfig
+    modes = ("federated", "standalone", "centralized")
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)

@@ -70,6 +70,7 @@ from fedtune.eval.evaluate import EvalResult, evaluate_lm, merge_results, prefix
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays, payload_nbytes
+from fedtune.models.loading import resolve_device
 from fedtune.models.lora import attach_lora, default_targets
 from fedtune.models.surgery import (
     LayerSplit,
@@ -237,6 +238,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 class FedBiOT(Algorithm):
     name = "fedbiot"
     Config = FedBiOTConfig
+    modes = ("federated", "centralized")  # centralized: Offsite-tuning (one client, all data)
     resends_after_restart = ("bytes_down", "emulator_sends", "emulator_mb_down")
 
     def __init__(self, cfg: Any) -> None:
@@ -489,6 +491,7 @@ class FedBiOT(Algorithm):
                 positions = split.emulator_positions()
                 model = self._with_lora(model, [positions[i] for i in split.adapter])
             holder.clear()
+            model.to(resolve_device(ctx.cfg.model.device))
             holder.update(arch=arch, model=model.eval(), versions={})
         if "model" not in holder:
             raise ClientCacheMiss(f"client {ctx.client_id} holds no emulator model and was not sent one")

@@ -168,8 +168,6 @@ class FedPT(Algorithm):
 
     def setup(self, server: ServerContext) -> None:
         sec: FedPTConfig = self.section
-        if self.cfg.fed.mode != "federated":
-            raise ValueError(f"fedpt runs with fed.mode = federated, not {self.cfg.fed.mode!r}")
         model, tokenizer = server.resources.lora_lm()
         large = self.large(server)
         small_base: Any = model.get_base_model()
