@@ -186,6 +186,10 @@ class FlowerConfig(Section):
     """
 
     superlink: str = "127.0.0.1:0"
+    # "partition": SuperNodes train on their partition of data.dataset (the server derives the same
+    # one and bounds each reply's num_examples by its size); "own": they bring their own data
+    # (supernode --data-path), so the server checks only that num_examples is positive.
+    client_data: Literal["partition", "own"] = "partition"
     tls: str | None = None
     auth: str | None = None
     connect_timeout: float = Field(300.0, gt=0)

@@ -121,3 +121,24 @@ def assert_trees_equal(a: Any, b: Any) -> None:
         np.testing.assert_array_equal(a, b)
     else:
         assert a == b
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_client_inflating_its_example_count_is_rejected(algorithm: str, tmp_path: Path) -> None:
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false")
+    liar = sorted(cfg_clients(cfg))[0]
+
+    def inflate(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        return {**reply, "num_examples": 10**9} if client == liar and "num_examples" in reply else reply
+
+    def crash(client: str, task: str, rnd: int) -> None:
+        if client == liar:
+            raise RuntimeError("gone")
+
+    lied = quiet_runner(cfg, tmp_path / "lied", after_task=inflate).run()
+    quiet_runner(cfg, tmp_path / "absent", before_task=crash).run()
+    assert "num_examples" in lied[1]["rejected"][liar]
+    # The aggregate is the one without that client.
+    state_lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))  # type: ignore[arg-type]
+    state_absent = load_checkpoint(latest_checkpoint(tmp_path / "absent"))  # type: ignore[arg-type]
+    assert_trees_equal(state_lied["algorithm"], state_absent["algorithm"])

@@ -92,3 +92,20 @@ def test_seeded_sample_is_deterministic_and_varies_by_round() -> None:
     assert len(set(first)) == 5
     assert any(seeded_sample(ids, 5, seed=1, rnd=r) != first for r in range(4, 10))
     assert seeded_sample(ids, 30, seed=1, rnd=1) == ids
+
+
+@pytest.mark.parametrize(
+    ("count", "reason"), [(10**9, "exceeds the 40 examples"), (0, "positive"), (-5, "positive")]
+)
+def test_an_implausible_aggregation_weight_is_rejected(count: int, reason: str) -> None:
+    spec = ReplySpec.like({}, scalars={"num_examples": int}, example_limits={"c0": 40})
+
+    with pytest.raises(ReplyRejected, match=reason):
+        validate_reply({"num_examples": count}, spec, "c0")
+
+
+def test_a_plausible_weight_passes_and_unknown_clients_need_only_be_positive() -> None:
+    spec = ReplySpec.like({}, scalars={"num_examples": int}, example_limits={"c0": 40})
+
+    assert validate_reply({"num_examples": 40}, spec, "c0") == {"num_examples": 40}
+    assert validate_reply({"num_examples": 10**6}, spec, "other") == {"num_examples": 10**6}

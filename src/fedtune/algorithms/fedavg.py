@@ -133,6 +133,7 @@ def collect_adapters(
         scalars=REPLY_SCALARS,
         norm_bound=cfg.fed.norm_bound,
         reference=reference,
+        example_limits=fed.client_sizes,
     )
     replies = fed.call(sampled, "fit", message, timeout=cfg.fed.client_timeout, expect=spec)
     algorithm.require_replies(replies, sampled)

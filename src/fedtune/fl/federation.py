@@ -84,6 +84,10 @@ class Traffic:
 class Federation(Protocol):
     traffic: Traffic
 
+    @property
+    def client_sizes(self) -> Mapping[str, int]:
+        """The number of training examples the server knows each client holds (empty: it does not know)."""
+
     def client_ids(self) -> list[str]: ...
 
     def sample(self, k: int, rnd: int) -> list[str]: ...

@@ -51,6 +51,7 @@ class InProcessFederation:
         self.resources = resources
         self.workdir = workdir
         self.states: dict[str, dict[str, Any]] = {cid: {} for cid in client_data}
+        self.client_sizes = {cid: len(records) for cid, records in client_data.items()}
         self.traffic = Traffic()
         self.rnd = 0
         self._reporter = reporter
@@ -108,7 +109,7 @@ class InProcessFederation:
             if self.tap is not None:
                 self.tap("up", client, task, self.rnd, reply)
             try:
-                replies[client] = validate_reply(reply, expect) if expect else reply
+                replies[client] = validate_reply(reply, expect, client) if expect else reply
             except ReplyRejected as exc:
                 self.traffic.rejected[client] = str(exc)
                 log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)

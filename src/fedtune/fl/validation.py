@@ -27,6 +27,8 @@ class ReplySpec:
     ``arrays`` must all be present with these shapes and dtypes (no extra arrays allowed),
     ``scalars`` maps required scalar keys to their types, ``norm_bound`` bounds the L2 norm
     of ``array - reference`` over all arrays (the update size) when a reference is given.
+    A ``num_examples`` scalar is an aggregation weight: it must be positive and, for a client in
+    ``example_limits`` (what the server knows of its data), no larger than that.
     """
 
     arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
@@ -34,6 +36,7 @@ class ReplySpec:
     norm_bound: float | None = None
     reference: Mapping[str, np.ndarray] | None = None
     allow_extra: bool = False
+    example_limits: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def like(
@@ -42,10 +45,14 @@ class ReplySpec:
         scalars: Mapping[str, type] | None = None,
         norm_bound: float | None = None,
         reference: bool = True,
+        example_limits: Mapping[str, int] | None = None,
     ) -> ReplySpec:
         """A spec for replies shaped like ``template`` (e.g. the state the server sent)."""
         specs = {key: ArraySpec(tuple(value.shape), str(value.dtype)) for key, value in template.items()}
-        return cls(specs, dict(scalars or {}), norm_bound, dict(template) if reference else None)
+        reference_arrays = dict(template) if reference else None
+        return cls(
+            specs, dict(scalars or {}), norm_bound, reference_arrays, False, dict(example_limits or {})
+        )
 
 
 def _check_scalar(reply: Payload, key: str, kind: type) -> None:
@@ -73,14 +80,25 @@ def _check_array(key: str, value: object, spec: ArraySpec) -> np.ndarray:
     return value
 
 
-def validate_reply(reply: object, spec: ReplySpec) -> Payload:
-    """Return the reply if it satisfies ``spec``; raise ReplyRejected naming the first problem."""
+def _check_weight(payload: Payload, spec: ReplySpec, client: str | None) -> None:
+    count = payload["num_examples"]
+    if not isinstance(count, int) or count <= 0:
+        raise ReplyRejected(f"num_examples must be a positive count, got {count!r}")
+    limit = spec.example_limits.get(client) if client is not None else None
+    if limit is not None and count > limit:
+        raise ReplyRejected(f"num_examples {count} exceeds the {limit} examples client {client} holds")
+
+
+def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) -> Payload:
+    """Return ``client``'s reply if it satisfies ``spec``; raise ReplyRejected naming the first problem."""
     try:
         payload = check_payload(reply, "reply")
     except PayloadError as exc:
         raise ReplyRejected(str(exc)) from None
     for key, kind in spec.scalars.items():
         _check_scalar(payload, key, kind)
+    if "num_examples" in spec.scalars:
+        _check_weight(payload, spec, client)
     missing = sorted(set(spec.arrays) - set(payload))
     if missing:
         raise ReplyRejected(f"missing arrays: {', '.join(missing[:5])}")

@@ -51,8 +51,10 @@ class GridFederation:
         hello_timeout: float = 120.0,
         poll_interval: float = 0.1,
         tap: TapHook | None = None,
+        client_sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.grid = grid
+        self.client_sizes = dict(client_sizes or {})
         self._client_ids = list(client_ids)
         self.seed = seed
         self.query_tasks = frozenset(query_tasks)
@@ -224,7 +226,7 @@ class GridFederation:
         if self.tap is not None:
             self.tap("up", client, task, self.rnd, payload)
         try:
-            return validate_reply(payload, expect) if expect else payload
+            return validate_reply(payload, expect, client) if expect else payload
         except ReplyRejected as exc:
             self.traffic.rejected[client] = str(exc)
             log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)

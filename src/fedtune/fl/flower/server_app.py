@@ -57,6 +57,10 @@ def main(grid: Grid, context: Context) -> None:
             query_tasks=getattr(get_algorithm(cfg.algorithm), "query_tasks", ()),
             reply_timeout=cfg.flower.reply_timeout,
             poll_interval=cfg.flower.poll_interval,
+            # SuperNodes that bring their own data (flower.client_data: own) are bounded only by > 0.
+            client_sizes={cid: len(recs) for cid, recs in data.clients.items()}
+            if cfg.flower.client_data == "partition"
+            else None,
         )
         connected = fed.wait_for_clients(len(data.clients), cfg.flower.connect_timeout)
         logging.getLogger("fedtune").info("%d of %d clients connected", len(connected), len(data.clients))
