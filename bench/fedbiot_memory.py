@@ -47,7 +47,7 @@ SHORT = [
     "progress=false",
 ]
 VARIANTS: dict[str, list[str]] = {
-    "fedit": ["algorithm=fedit", "eval.metrics=[perplexity]"],
+    "fedit": ["algorithm=fedit", "fedbiot=null", "eval.metrics=[perplexity]"],
     "fedot": [*METHODS["fedot"], "fedbiot.dropout=0.2"],
     "fedbiot_a2": [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2"],
     "fedbiot_a4": [*METHODS["fedbiot_a4"], "fedbiot.dropout=0.2"],

@@ -4,8 +4,8 @@
     python bench/fedpt_table.py configs/paper/fedpt-smollm2.yaml --table-only
 
 Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``):
-- ``fedavg_small``: FedIT on the small model (``algorithm=fedit``);
-- ``fedavg_large``: FedIT on the large model (``algorithm=fedit model.name=<fedpt.large_model>``),
+- ``fedavg_small``: FedIT on the small model (``algorithm=fedit fedpt=null``);
+- ``fedavg_large``: FedIT on the large model (``algorithm=fedit fedpt=null model.name=<fedpt.large_model>``),
   evaluated before training too: its round 0 is **Base (large)**;
 - ``fedavg_pt``: FedPT without the distillation step (``fedpt.distill=false``);
 - ``fedpt``: FedPT.
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import DEFAULT_RESULTS_DIR, now, setup_torch, write_table
 
 METHODS: dict[str, list[str]] = {
-    "fedavg_small": ["algorithm=fedit"],
-    "fedavg_large": ["algorithm=fedit", "model.name={large}", "eval.before=true"],
+    "fedavg_small": ["algorithm=fedit", "fedpt=null"],
+    "fedavg_large": ["algorithm=fedit", "fedpt=null", "model.name={large}", "eval.before=true"],
     "fedavg_pt": ["fedpt.distill=false"],
     "fedpt": [],
 }

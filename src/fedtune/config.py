@@ -136,6 +136,12 @@ class FedPTConfig(Section):
     kd_lr: float = Field(1.0, gt=0)
     kd_weight_decay: float = Field(0.01, ge=0)
     kd_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    # The distillation's own optimiser settings (the defaults are train's defaults, as before).
+    kd_betas: tuple[float, float] = (0.9, 0.999)
+    kd_momentum: float = Field(0.0, ge=0)
+    kd_warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    kd_min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    kd_clip_norm: float | None = Field(1.0, gt=0)
     teacher_cache: Literal["disk", "memory", "recompute"] = "disk"
     teacher_dtype: Literal["fp16", "fp32"] = "fp16"
     eval_small: bool = True
@@ -160,6 +166,7 @@ class FedBiOTConfig(Section):
     align_batch_size: int = Field(4, ge=1)
     align_optimizer: Literal["sgd", "adamw"] = "sgd"
     align_lr: float = Field(1e-3, gt=0)
+    align_clip_norm: float | None = Field(1.0, gt=0)
     public_dataset: str | None = None
     public_examples: int | None = Field(512, ge=1)
     client_cache: Literal["auto", "memory", "disk"] = "auto"
@@ -220,6 +227,14 @@ class ExperimentConfig(Section):
 
         if self.algorithm not in algorithm_names():
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {algorithm_names()}")
+        for name in algorithm_names():
+            section = getattr(self, name, None)
+            if name != self.algorithm and isinstance(section, BaseModel) and section.model_fields_set:
+                key = f"{name}.{sorted(section.model_fields_set)[0]}"
+                raise ValueError(
+                    f"config key '{key}' belongs to algorithm '{name}', but algorithm is "
+                    f"'{self.algorithm}' (remove the '{name}' section or set algorithm: {name})"
+                )
         modes = get_algorithm(self.algorithm).modes
         if self.fed.mode not in modes:
             raise ValueError(
@@ -234,7 +249,18 @@ class ExperimentConfig(Section):
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        """Every key with its value, but for other algorithms' sections (they would not validate)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for name in _other_algorithm_sections(data):
+            del data[name]
+        return data
+
+
+_SECTIONS = {
+    name
+    for name, field in ExperimentConfig.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+}
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -260,6 +286,8 @@ def _describe(error: Any, source: str) -> str:
 
 
 def validate_config(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    """The validated config; a section set to null (``fedpt=null`` on the command line) is dropped."""
+    raw = {key: value for key, value in raw.items() if not (value is None and key in _SECTIONS)}
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
@@ -313,6 +341,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     return validate_config(raw, source=str(path))
 
 
+def _other_algorithm_sections(raw: dict[str, Any]) -> list[str]:
+    from fedtune.algorithms.registry import algorithm_names
+
+    running = raw.get("algorithm", ExperimentConfig.model_fields["algorithm"].default)
+    return [name for name in algorithm_names() if name != running and name in raw]
+
+
 def dump_config(cfg: ExperimentConfig, path: Path, extra: dict[str, Any] | None = None) -> None:
     data = cfg.to_yaml_dict()
     if extra:
@@ -323,4 +358,7 @@ def dump_config(cfg: ExperimentConfig, path: Path, extra: dict[str, Any] | None 
 def load_run_config(run_dir: Path) -> ExperimentConfig:
     raw = read_yaml(run_dir / "config.yaml")
     raw.pop("_run", None)
+    # Run directories written before other algorithms' sections were left out hold their defaults.
+    for name in _other_algorithm_sections(raw):
+        del raw[name]
     return validate_config(raw, source=str(run_dir / "config.yaml"))

@@ -267,3 +267,56 @@ def test_client_model_is_placed_on_model_device(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(fedbiot, "resolve_device", spy)
     quiet_runner(tiny_config("fedbiot", "fed.rounds=1", "model.device=cpu"), tmp_path / "run").run()
     assert asked == ["cpu"], "the client's emulator model must go to model.device"
+
+
+def test_alignment_optimizer_persists_across_rounds_and_resumes(tmp_path: Path) -> None:
+    from tests.integration.test_contract import Interrupt
+
+    cfg = tiny_config("fedbiot", "fedbiot.align_optimizer=adamw", "fed.rounds=3")
+    algorithm, fed, server = _built(cfg, tmp_path / "probe")
+    for rnd in (1, 2):
+        fed.begin_round(rnd)
+        algorithm.run_round(rnd, server, fed)
+    assert algorithm.align_optimizer is not None
+    steps = {float(entry["step"]) for entry in algorithm.align_optimizer.state.values()}
+    assert steps == {2.0 * cfg.fedbiot.align_steps}, "AdamW's moments must carry over from round to round"
+
+    full = quiet_runner(cfg, tmp_path / "full").run()
+
+    def die_in_round_3(client: str, task: str, rnd: int) -> None:
+        if rnd == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        quiet_runner(cfg, tmp_path / "cut", before_task=die_in_round_3).run()
+    resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+    assert resumed[3]["eval"] == full[3]["eval"]
+
+
+def test_alignment_runs_the_student_without_dropout(tmp_path: Path) -> None:
+    cfg = tiny_config("fedbiot", "fedbiot.adapter_mode=lora")
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    _, emulator, _ = server.resources.get("fedbiot/server_models", lambda: None)
+    modes: list[bool] = []
+    dropouts = [m for m in emulator.modules() if isinstance(m, torch.nn.Dropout)]
+    hooks = [
+        m.register_forward_pre_hook(lambda module, args: modes.append(module.training)) for m in dropouts
+    ]
+    fed.begin_round(1)
+    algorithm.run_round(1, server, fed)
+    for hook in hooks:
+        hook.remove()
+    assert modes and not any(modes)
+
+
+def test_alignment_clip_norm_is_its_own_setting(tmp_path: Path) -> None:
+    def emulator_after(*overrides: str) -> dict[str, np.ndarray]:
+        cfg = tiny_config("fedbiot", "fed.rounds=1", *overrides)
+        algorithm, fed, server = _built(cfg, tmp_path / "-".join(overrides or ("default",)))
+        fed.begin_round(1)
+        algorithm.run_round(1, server, fed)
+        return algorithm.state_dict()["emulator"]  # type: ignore[no-any-return]
+
+    default = emulator_after()
+    clipped = emulator_after("fedbiot.align_clip_norm=1e-6")
+    assert any(not np.array_equal(default[k], clipped[k]) for k in default)

@@ -215,3 +215,19 @@ def test_resume_keeps_the_teacher_cache_and_equals_uninterrupted(tmp_path: Path)
     resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
     assert stable(resumed) == stable(full)
     assert resumed[-1]["teacher_seconds"] == 0.0
+
+
+def test_distillation_has_its_own_optimiser_settings(tmp_path: Path) -> None:
+    def final_adapter(name: str, *overrides: str) -> dict[str, np.ndarray]:
+        cfg = tiny_config("fedpt", "fed.rounds=1", "eval.before=false", *overrides)
+        quiet_runner(cfg, tmp_path / name).run()
+        from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+
+        return load_checkpoint(latest_checkpoint(tmp_path / name))["algorithm"]["global_adapter"]  # type: ignore[arg-type,no-any-return]
+
+    default = final_adapter("default")
+    # Client training clipped to nothing moves the clients' adapters, so compare KD settings only.
+    kd_clipped = final_adapter("kd-clip", "fedpt.kd_clip_norm=1e-6")
+    kd_warm = final_adapter("kd-warmup", "fedpt.kd_warmup_ratio=0.5")
+    assert any(not np.array_equal(default[k], kd_clipped[k]) for k in default)
+    assert any(not np.array_equal(default[k], kd_warm[k]) for k in default)

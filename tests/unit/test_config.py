@@ -89,3 +89,40 @@ def test_every_algorithm_declares_the_modes_it_supports() -> None:
     for name in algorithm_names():
         modes = get_algorithm(name).modes
         assert "federated" in modes and set(modes) <= {"federated", "standalone", "centralized"}
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "override", "key"),
+    [
+        ("fedit", "fedbiot.dropout=0.3", "fedbiot.dropout"),
+        ("fedpt", "fedit.prox_mu=0.1", "fedit.prox_mu"),
+        ("fedpt", "fedit.server_lr=0.5", "fedit.server_lr"),
+        ("fedbiot", "fedpt.alpha=1.5", "fedpt.alpha"),
+    ],
+)
+def test_a_key_of_an_algorithm_that_is_not_running_is_an_error(
+    algorithm: str, override: str, key: str, tmp_path: Path
+) -> None:
+    path = write(tmp_path, f"algorithm: {algorithm}\n")
+    with pytest.raises(ConfigError, match=rf"config key '{key}' belongs to algorithm"):
+        load_config(path, [override])
+
+
+def test_a_run_config_written_with_every_section_still_loads(tmp_path: Path) -> None:
+    import yaml
+
+    from fedtune.config import dump_config, load_run_config
+
+    cfg = validate_config({"algorithm": "fedpt", "fedpt": {"alpha": 1.5}})
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert "fedit" not in yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert load_run_config(tmp_path).fedpt.alpha == 1.5
+    # A run directory from before: every algorithm's section, with its defaults.
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True)))
+    assert load_run_config(tmp_path).fedpt.alpha == 1.5
+
+
+def test_a_section_set_to_null_is_dropped(tmp_path: Path) -> None:
+    path = write(tmp_path, "algorithm: fedpt\nfedpt:\n  alpha: 1.5\n")
+    cfg = load_config(path, ["algorithm=fedit", "fedpt=null"])
+    assert cfg.algorithm == "fedit" and cfg.fedpt.alpha == 1.0

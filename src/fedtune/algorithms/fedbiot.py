@@ -91,7 +91,7 @@ from fedtune.models.surgery import (
     unwrap,
 )
 from fedtune.train.losses import PLAIN_HEAD_FAMILIES, emulator_alignment_loss
-from fedtune.train.optim import build_optimizer
+from fedtune.train.optim import build_optimizer, optimizer_state_from_tree, optimizer_state_to_tree
 
 FROZEN = "frozen/"
 EMULATOR = "emulator/"
@@ -167,6 +167,11 @@ def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -
     return out.hidden_states[hidden_index][mask], out.logits[mask]
 
 
+def emulator_parameters(emulator: torch.nn.Module, split: LayerSplit) -> dict[str, torch.nn.Parameter]:
+    """E's parameters: what the server's alignment trains."""
+    return layer_parameters(emulator, split.emulator, split.emulator_positions())
+
+
 @dataclass
 class AlignStats:
     loss: float
@@ -182,17 +187,20 @@ def align_emulator(
     batches: Sequence[Batch],
     *,
     lam: float,
-    optimizer_name: str,
-    lr: float,
+    optimizer: torch.optim.Optimizer,
     clip_norm: float | None = 1.0,
 ) -> AlignStats:
-    """One step of eq. (2) per batch: only E's parameters (in ``emulator``) train."""
+    """One step of eq. (2) per batch: only E's parameters (``emulator_parameters``) train.
+
+    Student and teacher both run without dropout (eval mode), so the distillation target and the
+    student see the same deterministic functions; ``optimizer`` holds E's parameters and keeps its
+    state from call to call.
+    """
     if not batches:
         return AlignStats(0.0, 0.0, 0.0, 0)
-    params = layer_parameters(emulator, split.emulator, split.emulator_positions())
+    params = emulator_parameters(emulator, split)
     set_trainable(emulator, params)
-    optimizer = build_optimizer(params.values(), optimizer_name, lr=lr)
-    emulator.train()
+    emulator.eval()
     totals = np.zeros(3)
     for batch in batches:
         with torch.no_grad():
@@ -252,6 +260,8 @@ class FedBiOT(Algorithm):
         self._public: list[Batch] = []
         self._wire: dict[tuple[str, int], Payload] = {}
         self.init_stats = AlignStats(0.0, 0.0, 0.0, 0)
+        self.align_optimizer: torch.optim.Optimizer | None = None
+        self._saved_align_optimizer: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- models
     def _lora_targets(self, model: Any) -> list[str]:
@@ -391,14 +401,29 @@ class FedBiOT(Algorithm):
             split,
             self._align_batches(section.init_steps, "init"),
             lam=section.align_lambda,
-            optimizer_name=section.align_optimizer,
-            lr=section.align_lr,
+            optimizer=self._new_align_optimizer(emulator, split),
+            clip_norm=section.align_clip_norm,
         )
         state = self._emulator_state(emulator, split)
         info = {"fingerprint": digest, "config": self._fingerprint(), "stats": stats.__dict__}
         for directory in places:
             _save_init(directory, state, info)
         return stats
+
+    def _new_align_optimizer(self, emulator: torch.nn.Module, split: LayerSplit) -> torch.optim.Optimizer:
+        params = emulator_parameters(emulator, split)
+        set_trainable(emulator, params)  # the optimizer takes only parameters that require grad
+        optimizer = build_optimizer(params.values(), self.section.align_optimizer, lr=self.section.align_lr)
+        set_trainable(emulator, {})
+        return optimizer
+
+    def _align_optimizer(self, emulator: torch.nn.Module, split: LayerSplit) -> torch.optim.Optimizer:
+        """The per-round alignment's optimizer: one for the whole run, its state checkpointed."""
+        if self.align_optimizer is None:
+            self.align_optimizer = self._new_align_optimizer(emulator, split)
+            if self._saved_align_optimizer is not None:
+                self.align_optimizer.load_state_dict(optimizer_state_from_tree(self._saved_align_optimizer))
+        return self.align_optimizer
 
     # ------------------------------------------------------------------ round
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
@@ -414,8 +439,8 @@ class FedBiOT(Algorithm):
                 split,
                 self._align_batches(section.align_steps, rnd),
                 lam=section.align_lambda,
-                optimizer_name=section.align_optimizer,
-                lr=section.align_lr,
+                optimizer=self._align_optimizer(emulator, split),
+                clip_norm=section.align_clip_norm,
             )
             self.emulator_version += 1
         sampled = fed.sample(self.clients_per_round(fed), rnd)
@@ -649,6 +674,8 @@ class FedBiOT(Algorithm):
         if self._models is not None:
             _, emulator, split = self._models
             state["emulator"] = self._emulator_state(emulator, split)
+        if self.align_optimizer is not None:
+            state["align_optimizer"] = optimizer_state_to_tree(self.align_optimizer)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -657,6 +684,8 @@ class FedBiOT(Algorithm):
         _, emulator, split = self._models
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
         self.emulator_version = int(state["emulator_version"])
+        self.align_optimizer = None  # rebuilt from the saved state at its next use
+        self._saved_align_optimizer = state.get("align_optimizer")
         self.sent = {}
         self._wire = {}
         load_layer_state(

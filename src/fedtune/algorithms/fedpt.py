@@ -250,8 +250,8 @@ class FedPT(Algorithm):
             sec.kd_optimizer,
             lr=sec.kd_lr,
             weight_decay=sec.kd_weight_decay,
-            betas=self.cfg.train.betas,
-            momentum=self.cfg.train.momentum,
+            betas=sec.kd_betas,
+            momentum=sec.kd_momentum,
         )
         scheduler = build_scheduler(
             optimizer,
@@ -260,8 +260,8 @@ class FedPT(Algorithm):
             rnd=rnd,
             rounds=self.cfg.fed.rounds,
             scope="round",
-            warmup_ratio=self.cfg.train.warmup_ratio,
-            min_ratio=self.cfg.train.min_lr_ratio,
+            warmup_ratio=sec.kd_warmup_ratio,
+            min_ratio=sec.kd_min_lr_ratio,
         )
         order = np.random.default_rng(derive_seed(self.cfg.seed, rnd, "kd-order")).permutation(
             len(self._kd_batches)
@@ -281,8 +281,8 @@ class FedPT(Algorithm):
             student, targets = labelled_logits(model, batch)
             loss, ce, kl = kd_loss(student, targets, teacher, sec.kd_lambda, width)
             loss.backward()
-            if self.cfg.train.clip_norm:
-                torch.nn.utils.clip_grad_norm_(list(trainable.values()), self.cfg.train.clip_norm)
+            if sec.kd_clip_norm:
+                torch.nn.utils.clip_grad_norm_(list(trainable.values()), sec.kd_clip_norm)
             optimizer.step()
             scheduler.step()
             student_seconds += time.perf_counter() - student_start

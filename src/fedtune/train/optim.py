@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+import numpy as np
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -79,3 +81,26 @@ def build_scheduler(
         schedule, offset + step, total, warmup=warmup, min_ratio=min_ratio
     )
     return LambdaLR(optimizer, factor)
+
+
+def optimizer_state_to_tree(optimizer: Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with string keys and numpy arrays, so a checkpoint can hold it."""
+    state = optimizer.state_dict()
+    return {
+        "state": {
+            str(index): {k: v.detach().cpu().numpy() if torch.is_tensor(v) else v for k, v in entry.items()}
+            for index, entry in state["state"].items()
+        },
+        "param_groups": state["param_groups"],
+    }
+
+
+def optimizer_state_from_tree(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of ``optimizer_state_to_tree``: what ``optimizer.load_state_dict`` takes."""
+    return {
+        "state": {
+            int(index): {k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in entry.items()}
+            for index, entry in tree["state"].items()
+        },
+        "param_groups": [dict(group) for group in tree["param_groups"]],
+    }
