@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from fedtune.errors import RunError
 from fedtune.fl.flower.cli import flower_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,7 +36,13 @@ console = Console(stderr=True)
 # Piped output (files, CI logs) gets wide tables instead of 80-column wrapping.
 out = Console() if sys.stdout.isatty() else Console(width=200)
 
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError, FileExistsError)
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    KeyError,
+    FileNotFoundError,
+    FileExistsError,
+    RunError,
+)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -113,6 +120,20 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
 
 
 def _run_on_backend(cfg: Any, run_dir: Path, resume: bool) -> None:
+    try:
+        _run_on_backend_uninterrupted(cfg, run_dir, resume)
+    except KeyboardInterrupt:
+        from fedtune.fl.checkpoint import intact_checkpoint
+
+        path, _ = intact_checkpoint(run_dir)
+        done = (
+            f"round {int(path.name.split('_')[1])} is the last complete one" if path else "no round finished"
+        )
+        console.print(f"interrupted ({done}); continue with: fedtune resume {run_dir}", soft_wrap=True)
+        raise typer.Exit(code=130) from None
+
+
+def _run_on_backend_uninterrupted(cfg: Any, run_dir: Path, resume: bool) -> None:
     if cfg.fed.backend == "flower":
         from fedtune.fl.flower.deploy import DeploymentError
         from fedtune.fl.flower.local import run_local

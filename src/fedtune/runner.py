@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import platform
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +26,14 @@ from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.partition import category_counts, partition_records
 from fedtune.data.records import DataError, Record
+from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
 from fedtune.fl.checkpoint import (
+    CheckpointDamaged,
     atomic_write_text,
+    checkpoint_dirs,
     clean_partial,
-    latest_checkpoint,
+    intact_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
@@ -161,6 +167,37 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
     return row
 
 
+class RunDirBusy(RunError):
+    """Another process holds the run directory."""
+
+
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` (one process per run directory); fail at once if taken.
+
+    The kernel drops the lock when its holder dies, so a killed run never blocks the next one; the
+    PID in the lock file only says who holds it.
+    """
+    with open(run_dir / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise RunDirBusy(
+                f"{run_dir} is in use by process {holder} (a run or resume of it is still going); "
+                "wait for it to end or stop it first"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
 class Runner:
     """Owns one run directory; ``run()`` starts or continues it."""
 
@@ -250,8 +287,15 @@ class Runner:
 
     def _restore(self, algorithm: Algorithm, fed: ServerFederation) -> int:
         clean_partial(self.run_dir)
-        path = latest_checkpoint(self.run_dir)
+        path, damaged = intact_checkpoint(self.run_dir)
+        for reason in damaged:
+            log.warning("skipping a damaged checkpoint: %s", reason)
+            self.console.print(f"[yellow]warning:[/] skipping a damaged checkpoint: {reason}")
         if path is None:
+            if damaged:
+                raise CheckpointDamaged(
+                    f"{self.run_dir}: no intact checkpoint to resume from:\n  " + "\n  ".join(damaged)
+                )
             return -1
         tree = load_checkpoint(path)
         algorithm.load_state_dict(tree["algorithm"])
@@ -283,8 +327,12 @@ class Runner:
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        with run_dir_lock(self.run_dir):
+            return self._run(resume)
+
+    def _run(self, resume: bool) -> list[dict[str, Any]]:
         if not resume:
-            if latest_checkpoint(self.run_dir) is not None:
+            if checkpoint_dirs(self.run_dir):
                 raise FileExistsError(
                     f"{self.run_dir} already holds a run; use `fedtune resume {self.run_dir}` or another "
                     "--output-dir"

@@ -3,9 +3,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from fedtune.fl.checkpoint import clean_partial, latest_checkpoint, load_checkpoint, save_checkpoint
+from fedtune.fl.checkpoint import (
+    CheckpointDamaged,
+    clean_partial,
+    intact_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def latest(run_dir: Path) -> Path:
@@ -52,3 +60,46 @@ def test_a_half_written_checkpoint_is_ignored(tmp_path: Path) -> None:
 
 def test_no_checkpoint(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGES = {
+    "flipped bytes": lambda d: _flip_a_byte(d / "arrays.safetensors"),
+    "truncated arrays": lambda d: (d / "arrays.safetensors").write_bytes(
+        (d / "arrays.safetensors").read_bytes()[:100]
+    ),
+    "junk state.json": lambda d: (d / "state.json").write_text("{junk"),
+    "missing state.json": lambda d: (d / "state.json").unlink(),
+    "missing manifest": lambda d: (d / "manifest.json").unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_refused_and_the_previous_one_found(damage: str, tmp_path: Path) -> None:
+    for rnd in (1, 2):
+        save_checkpoint(tmp_path, rnd, {"round": rnd, "w": np.full(64, float(rnd), dtype=np.float32)})
+    newest = tmp_path / "checkpoints" / "round_0002"
+
+    DAMAGES[damage](newest)
+
+    with pytest.raises(CheckpointDamaged, match="round_0002"):
+        load_checkpoint(newest)
+    path, damaged = intact_checkpoint(tmp_path)
+    assert path == tmp_path / "checkpoints" / "round_0001"
+    assert len(damaged) == 1 and "round_0002" in damaged[0]
+    assert load_checkpoint(path)["round"] == 1
+
+
+def test_no_intact_checkpoint_is_none_with_every_reason(tmp_path: Path) -> None:
+    for rnd in (1, 2):
+        save_checkpoint(tmp_path, rnd, {"w": np.ones(8, dtype=np.float32)})
+        _flip_a_byte(tmp_path / "checkpoints" / f"round_{rnd:04d}" / "arrays.safetensors")
+
+    path, damaged = intact_checkpoint(tmp_path)
+
+    assert path is None and len(damaged) == 2

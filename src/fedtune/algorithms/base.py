@@ -13,13 +13,14 @@ import numpy as np
 from pydantic import BaseModel
 
 from fedtune.config import ExperimentConfig
+from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult
-from fedtune.fl.federation import ClientTask, Federation, ServerContext
+from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 
 
-class RoundFailed(RuntimeError):
-    """Too few clients replied for the round to count."""
+class RoundFailed(RunError):
+    """Too few clients replied for the round to count; the message says why each one is missing."""
 
 
 @dataclass
@@ -78,12 +79,32 @@ class Algorithm(ABC):
         k = fed_cfg.clients_per_round or max(1, round(fed_cfg.fraction * total))
         return min(k, total)
 
-    def require_replies(self, replies: Mapping[str, Payload], sampled: list[str]) -> None:
+    def require_replies(
+        self, replies: Mapping[str, Payload], sampled: list[str], traffic: Traffic | None = None
+    ) -> None:
         needed = min(self.cfg.fed.min_replies, len(sampled))
         if len(replies) < needed:
-            raise RoundFailed(
-                f"only {len(replies)} of {len(sampled)} sampled clients replied; fed.min_replies = {needed}"
-            )
+            raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
+
+
+def missing_replies_message(got: int, sampled: list[str], needed: int, traffic: Traffic | None) -> str:
+    """Why a round has too few replies: each missing client's reason, and the config keys that matter."""
+    lines = [f"round failed: {got} of {len(sampled)} sampled clients replied; fed.min_replies = {needed}"]
+    keys = {"fed.min_replies"}
+    if traffic is not None:
+        for client in sampled:
+            reason = traffic.rejected.get(client) or traffic.failed.get(client)
+            if reason is None:
+                continue
+            lines.append(f"  {client}: {'rejected: ' if client in traffic.rejected else ''}{reason}")
+            if "update norm" in reason:
+                keys.add("fed.norm_bound")
+            if reason.startswith("late"):
+                keys.add("fed.client_timeout")
+            if "num_examples" in reason:
+                keys.add("flower.client_data")
+    lines.append(f"to change: {', '.join(sorted(keys))}")
+    return "\n".join(lines)
 
 
 def derive_seed(seed: int, *parts: int | str) -> int:

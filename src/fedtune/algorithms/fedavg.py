@@ -136,7 +136,7 @@ def collect_adapters(
         example_limits=fed.client_sizes,
     )
     replies = fed.call(sampled, "fit", message, timeout=cfg.fed.client_timeout, expect=spec)
-    algorithm.require_replies(replies, sampled)
+    algorithm.require_replies(replies, sampled, fed.traffic)
     return sampled, replies, [int(r["num_examples"]) for r in replies.values()]
 
 

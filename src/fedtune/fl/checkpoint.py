@@ -4,10 +4,15 @@ A checkpoint is a directory ``checkpoints/round_NNNN/`` with ``arrays.safetensor
 of the state tree) and ``state.json`` (the rest, with references to the arrays). It is written
 under a temporary name, fsynced and renamed, then ``checkpoints/LATEST`` is replaced atomically.
 A process killed at any moment leaves either the previous or the new checkpoint, never half of one.
+
+``manifest.json`` (written last) holds the sha256 of both files; ``load_checkpoint`` verifies them, so
+a checkpoint damaged on disk later (flipped bytes, truncation, a lost file) is refused, never loaded.
+``intact_checkpoint`` finds the newest checkpoint that verifies and names each damaged one it passed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,7 +23,17 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
+from fedtune.errors import RunError
+
+MANIFEST = "manifest.json"
+FILES = ("arrays.safetensors", "state.json")
 _ARRAY = "__array__"
+
+
+class CheckpointDamaged(RunError):
+    """A checkpoint's files are missing or differ from its manifest; the message names the file."""
+
+
 _TUPLE = "__tuple__"
 
 
@@ -100,6 +115,8 @@ def save_checkpoint(run_dir: Path, rnd: int, tree: dict[str, Any], keep: int = 2
     with open(tmp / "arrays.safetensors", "rb+") as handle:
         os.fsync(handle.fileno())
     _write_file(tmp / "state.json", json.dumps(encoded).encode())
+    digests = {name: _sha256(tmp / name) for name in FILES}
+    _write_file(tmp / MANIFEST, json.dumps({"sha256": digests}, indent=1).encode())
     _fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -125,10 +142,50 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise ``CheckpointDamaged`` naming the first file that is missing or differs from the manifest."""
+    try:
+        expected = json.loads((path / MANIFEST).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"{path / MANIFEST}: unreadable checksum manifest ({exc})") from None
+    for name in FILES:
+        if not (path / name).is_file():
+            raise CheckpointDamaged(f"{path / name}: missing")
+        if _sha256(path / name) != expected.get(name):
+            raise CheckpointDamaged(f"{path / name}: checksum mismatch (damaged on disk)")
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    verify_checkpoint(path)
     arrays = load_file(str(path / "arrays.safetensors"))
     tree: dict[str, Any] = _decode(json.loads((path / "state.json").read_text()), arrays)
     return tree
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Every complete-named checkpoint directory, newest first."""
+    return sorted((p for p in (run_dir / "checkpoints").glob("round_*") if p.is_dir()), reverse=True)
+
+
+def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and why each newer one was passed over."""
+    damaged = []
+    for path in checkpoint_dirs(run_dir):
+        try:
+            verify_checkpoint(path)
+        except CheckpointDamaged as exc:
+            damaged.append(str(exc))
+            continue
+        return path, damaged
+    return None, damaged
 
 
 def clean_partial(run_dir: Path) -> None:

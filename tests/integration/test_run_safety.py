@@ -1,0 +1,96 @@
+"""A run directory is never silently damaged: bad checkpoints, two processes, Ctrl-C, failed rounds."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fedtune.algorithms.base import RoundFailed
+from fedtune.fl.checkpoint import CheckpointDamaged
+from fedtune.runner import RunDirBusy, run_dir_lock
+from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
+from tests.integration.test_cli_kill_resume import CONFIG, command, env
+from tests.unit.test_checkpoint import DAMAGES
+
+
+@pytest.mark.parametrize("damage", ["flipped bytes", "missing state.json"])
+def test_resume_falls_back_from_a_damaged_checkpoint(damage: str, tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", "fed.rounds=3")
+    full = quiet_runner(cfg, tmp_path / "full").run()
+    quiet_runner(tiny_config("fedit", "fed.rounds=2"), tmp_path / "cut").run()
+    DAMAGES[damage](tmp_path / "cut" / "checkpoints" / "round_0002")
+
+    resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+
+    # Round 2 is trained again from round 1's checkpoint: the same numbers as never interrupted.
+    assert stable(resumed) == stable(full)
+
+
+def test_resume_with_no_intact_checkpoint_fails_and_writes_nothing(tmp_path: Path) -> None:
+    quiet_runner(tiny_config("fedit", "fed.rounds=1"), tmp_path / "run").run()
+    for checkpoint in (tmp_path / "run" / "checkpoints").glob("round_*"):
+        DAMAGES["flipped bytes"](checkpoint)
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+
+    with pytest.raises(CheckpointDamaged, match="no intact checkpoint"):
+        quiet_runner(tiny_config("fedit", "fed.rounds=2"), tmp_path / "run").run(resume=True)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_second_process_on_the_same_run_directory_fails_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with run_dir_lock(run_dir), pytest.raises(RunDirBusy, match=r"in use by process \d+"):
+        quiet_runner(tiny_config("fedit"), run_dir).run()
+    assert not (run_dir / "metrics.jsonl").exists()
+    quiet_runner(tiny_config("fedit", "fed.rounds=1"), run_dir).run()  # released: it runs now
+
+
+def test_a_round_where_every_reply_is_rejected_says_why_and_what_to_change(tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", "fed.norm_bound=1e-9")
+    with pytest.raises(RoundFailed) as failure:
+        quiet_runner(cfg, tmp_path / "run").run()
+    message = str(failure.value)
+    assert "0 of 4 sampled clients replied" in message
+    assert "c00: rejected: update norm" in message and "fed.norm_bound" in message
+
+
+def test_cli_reports_a_failed_round_without_a_traceback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        command("run", str(CONFIG), "-o", str(tmp_path / "run"), "progress=false", "fed.norm_bound=1e-9"),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "fed.norm_bound" in done.stderr
+
+
+def test_ctrl_c_exits_with_how_to_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        command("run", str(CONFIG), "-o", str(run_dir), "progress=false", "fed.rounds=50"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "round_0001").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    assert f"continue with: fedtune resume {run_dir}" in stderr.replace("\n", "")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(len(rows)))
