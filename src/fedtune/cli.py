@@ -98,6 +98,9 @@ def run(
                 raise ValueError(f"unknown backend {backend!r}; available: simulation, flower")
             cfg.fed.backend = backend  # type: ignore[assignment]
         run_dir = output_dir or cfg.run_dir()
+        from fedtune.runner import pin_data_paths
+
+        pin_data_paths(cfg)  # before any other process (Flower's) reads the config
         console.print(f"run [bold]{cfg.name}[/] ({cfg.algorithm}, {cfg.fed.backend}) -> {run_dir}")
         _run_on_backend(cfg, run_dir, resume=False)
     except EXPECTED_ERRORS as exc:

@@ -24,6 +24,7 @@ from fedtune import __version__
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
+from fedtune.data.fingerprint import absolute_data_path, check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts, partition_records
 from fedtune.data.records import DataError, Record
 from fedtune.errors import RunError
@@ -117,6 +118,26 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
             seed=cfg.seed,
         )
     return RunData(clients, eval_records, public, validation, extra)
+
+
+DATA_FINGERPRINT = "data_fingerprint.json"
+
+
+def data_specs(cfg: ExperimentConfig) -> dict[str, str]:
+    """Every dataset the run reads, by the config key that names it."""
+    specs = {"data.dataset": cfg.data.dataset}
+    if cfg.data.eval_dataset:
+        specs["data.eval_dataset"] = cfg.data.eval_dataset
+    specs.update({f"eval.extra_datasets[{i}]": name for i, name in enumerate(cfg.eval.extra_datasets)})
+    return specs
+
+
+def pin_data_paths(cfg: ExperimentConfig) -> None:
+    """Make data file paths absolute, so a resume from another directory reads the same files."""
+    cfg.data.dataset = absolute_data_path(cfg.data.dataset)
+    if cfg.data.eval_dataset:
+        cfg.data.eval_dataset = absolute_data_path(cfg.data.eval_dataset)
+    cfg.eval.extra_datasets = [absolute_data_path(name) for name in cfg.eval.extra_datasets]
 
 
 def _versions() -> dict[str, str]:
@@ -220,8 +241,11 @@ class Runner:
         self.tap = tap
         self.history: list[dict[str, Any]] = []
 
-    def _build(self, progress: RunProgress) -> tuple[Algorithm, ServerFederation, ServerContext]:
+    def _build(
+        self, progress: RunProgress, resume: bool = False
+    ) -> tuple[Algorithm, ServerFederation, ServerContext]:
         data = prepare_data(self.cfg)
+        self._pin_data(data, resume)
         (self.run_dir / "data_stats.json").write_text(
             json.dumps(
                 {
@@ -250,6 +274,15 @@ class Runner:
             client_sizes={cid: len(recs) for cid, recs in data.clients.items()},
         )
         return algorithm, fed, server
+
+    def _pin_data(self, data: RunData, resume: bool) -> None:
+        """Record the data's fingerprint; on resume, refuse data that differs from the recorded one."""
+        path = self.run_dir / DATA_FINGERPRINT
+        now = data_fingerprint(data_specs(self.cfg), data.clients)
+        if resume and path.is_file():
+            check_fingerprint(json.loads(path.read_text()), now, path)
+        else:
+            atomic_write_text(path, json.dumps(now, indent=1))
 
     def _in_process(
         self, algorithm: Algorithm, data: RunData, resources: Resources, progress: RunProgress
@@ -332,6 +365,7 @@ class Runner:
 
     def _run(self, resume: bool) -> list[dict[str, Any]]:
         if not resume:
+            pin_data_paths(self.cfg)
             if checkpoint_dirs(self.run_dir):
                 raise FileExistsError(
                     f"{self.run_dir} already holds a run; use `fedtune resume {self.run_dir}` or another "
@@ -342,7 +376,7 @@ class Runner:
         rounds = self.cfg.fed.rounds
         with RunProgress(self.console, rounds, enabled=self.cfg.progress) as progress:
             progress.phase("loading data and models")
-            algorithm, fed, server = self._build(progress)
+            algorithm, fed, server = self._build(progress, resume)
             progress.phase("setting up")
             algorithm.setup(server)
             last = self._restore(algorithm, fed) if resume else -1
