@@ -82,28 +82,69 @@ def test_bad_and_failed_replies_are_dropped_and_recorded(algorithm: str, tmp_pat
     assert history[2]["failed"] == {} and history[2]["rejected"] == {}
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_no_raw_client_text_in_traffic(algorithm: str, tmp_path: Path) -> None:
-    cfg = tiny_config(algorithm)
+def private_texts(cfg: Any) -> set[str]:
+    """The clients' own training texts (longer than 8 characters): what must never cross the wire."""
     from fedtune.runner import prepare_data
 
-    texts = {
-        t for recs in prepare_data(cfg).clients.values() for r in recs for t in (r.instruction, r.output)
-    }
-    seen: list[Payload] = []
+    clients = prepare_data(cfg).clients.values()
+    return {t for recs in clients for r in recs for t in (r.instruction, r.output) if len(t) > 8}
 
-    def capture(client: str, task: str, rnd: int, reply: Payload) -> Payload:
-        seen.append(reply)
-        return reply
 
-    quiet_runner(cfg, tmp_path / "run", after_task=capture).run()
-    assert seen
-    for reply in seen:
-        for key, value in reply.items():
-            if isinstance(value, str):
-                assert not any(t in value for t in texts if len(t) > 8), key
+def leaks(payload: Payload, texts: set[str], tokenizer: Any) -> list[str]:
+    """The keys of ``payload`` that carry a private text: as a string, as token ids or as raw bytes."""
+    found = []
+    for key, value in payload.items():
+        readable: list[str] = []
+        if isinstance(value, str):
+            readable.append(value)
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            if value.dtype == np.uint8:
+                readable.append(value.tobytes().decode("utf-8", "ignore"))
+            ids = value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value.reshape(1, -1)
+            vocab = len(tokenizer)
+            readable += [tokenizer.decode([int(i) for i in row if 0 <= i < vocab]) for row in ids]
+        if any(t in text for text in readable for t in texts):
+            found.append(key)
+    return found
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_no_raw_client_text_in_traffic(algorithm: str, tmp_path: Path) -> None:
+    from fedtune.resources import Resources
+
+    cfg = tiny_config(algorithm)
+    texts = private_texts(cfg)
+    _, tokenizer = Resources(cfg).base_lm()
+    seen: list[tuple[str, str, Payload]] = []
+
+    def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:
+        seen.append((direction, task, payload))
+
+    quiet_runner(cfg, tmp_path / "run", tap=tap).run()
+    assert {direction for direction, _, _ in seen} == {"down", "up"}
+    for direction, task, payload in seen:
+        assert not leaks(payload, texts, tokenizer), (direction, task)
+        for key, value in payload.items():
             if isinstance(value, np.ndarray):
                 assert value.dtype.kind in "fiub", f"{key} has dtype {value.dtype}"
+
+
+def test_the_leak_check_sees_strings_token_ids_and_bytes() -> None:
+    from fedtune.resources import Resources
+
+    cfg = tiny_config("fedit")
+    texts = private_texts(cfg)
+    _, tokenizer = Resources(cfg).base_lm()
+    secret = sorted(texts)[0]
+    ids = np.asarray(
+        tokenizer.encode(f"a prefix {secret} and more", add_special_tokens=False), dtype=np.int32
+    )
+
+    assert leaks({"note": f"x {secret}"}, texts, tokenizer) == ["note"]
+    assert leaks({"ids": ids}, texts, tokenizer) == ["ids"]
+    assert leaks({"batch": np.stack([ids, ids]).astype(np.int64)}, texts, tokenizer) == ["batch"]
+    assert leaks({"raw": np.frombuffer(secret.encode(), dtype=np.uint8)}, texts, tokenizer) == ["raw"]
+    assert leaks({"w": np.zeros(4, dtype=np.float32), "n": 3}, texts, tokenizer) == []
 
 
 def cfg_clients(cfg: Any) -> list[str]:
