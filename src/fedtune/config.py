@@ -8,18 +8,43 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
     """A config problem; the message names the file and the dotted key."""
 
 
+def _accepts_bool(annotation: Any) -> bool:
+    return annotation is bool or any(_accepts_bool(arg) for arg in get_args(annotation))
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML's true/false would otherwise pass as 1/0 (pydantic's lax mode): `fed.rounds: true` is a typo.
+        name = info.field_name
+        if (
+            isinstance(value, bool)
+            and name is not None
+            and not _accepts_bool(cls.model_fields[name].annotation)
+        ):
+            raise ValueError("expected a number or a string, got a boolean")
+        return value
 
 
 class ModelConfig(Section):
@@ -243,6 +268,16 @@ class ExperimentConfig(Section):
             )
         if self.fed.min_replies > self.data.partition.num_clients:
             raise ValueError("fed.min_replies is larger than data.partition.num_clients")
+        per_round = self.fed.clients_per_round
+        if (
+            per_round is not None
+            and self.fed.mode != "centralized"
+            and per_round > self.data.partition.num_clients
+        ):
+            raise ValueError(
+                f"fed.clients_per_round = {per_round} is larger than data.partition.num_clients = "
+                f"{self.data.partition.num_clients}"
+            )
         return self
 
     def run_dir(self) -> Path:

@@ -157,3 +157,11 @@ def test_fedbiot_on_flower_equals_in_process(deployment: LocalDeployment, tmp_pa
         with np.load(cache / "emulator.npz") as saved:
             held = {int(m.group(1)) for k in saved.files if (m := re.search(r"layers\.(\d+)\.", k))}
         assert held == set(layout["emulator"]) and not held & set(layout["dropped"])
+
+
+def test_fedpt_on_flower_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # FedPT's clients train the small model only; the server's distillation runs in the ServerApp.
+    expected = quiet_runner(tiny_config("fedpt", *TWO_CLIENTS), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedpt", *TWO_CLIENTS), tmp_path / "flower")
+    assert [row["round"] for row in actual] == [0, 1, 2]
+    assert_close(stable(actual), stable(expected))

@@ -126,3 +126,21 @@ def test_a_section_set_to_null_is_dropped(tmp_path: Path) -> None:
     path = write(tmp_path, "algorithm: fedpt\nfedpt:\n  alpha: 1.5\n")
     cfg = load_config(path, ["algorithm=fedit", "fedpt=null"])
     assert cfg.algorithm == "fedit" and cfg.fedpt.alpha == 1.0
+
+
+@pytest.mark.parametrize("override", ["fed.rounds=true", "train.batch_size=false", "train.lr=true"])
+def test_a_boolean_where_a_number_belongs_is_a_type_error(override: str, tmp_path: Path) -> None:
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"config key '{key}': .*boolean"):
+        load_config(write(tmp_path, ""), [override])
+
+
+def test_booleans_still_set_boolean_keys(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, ""), ["eval.before=false"]).eval.before is False
+
+
+def test_clients_per_round_above_the_number_of_clients_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"fed.clients_per_round = 9 is larger than data.partition.num_clients"
+    ):
+        load_config(write(tmp_path, ""), ["fed.clients_per_round=9"])

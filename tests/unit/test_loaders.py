@@ -254,3 +254,32 @@ def test_unknown_extension_asks_for_a_format(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot tell the format from the extension"):
         load_records(path)
     assert load_records(path, format="jsonl") == ALPACA_RECORDS[:1]
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "csv"])
+def test_a_file_that_is_not_utf8_names_the_file_and_line(suffix: str, tmp_path: Path) -> None:
+    path = tmp_path / f"data.{suffix}"
+    good = {
+        "jsonl": '{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n',
+        "json": '[{"instruction": "a",\n "output": "b"},\n',
+        "csv": "instruction,output\na,b\n",
+    }[suffix]
+    path.write_bytes(good.encode() + b"caf\xe9\n")
+
+    with pytest.raises(DataError, match=rf"data.{suffix} line 3: not UTF-8"):
+        load_records(path)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+def test_json_with_a_byte_order_mark_loads_like_csv(suffix: str, tmp_path: Path) -> None:
+    row = '{"instruction": "Name it.", "output": "ok"}'
+    text = row + "\n" if suffix == "jsonl" else f"[{row}]"
+    path = tmp_path / f"data.{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+
+    assert [r.output for r in load_records(path)] == ["ok"]
+
+
+def test_an_unknown_dataset_name_lists_the_built_in_ones() -> None:
+    with pytest.raises(DataError, match=r"did you mean 'wordnet-instruct'.*built-in: .*arith-word-problems"):
+        load_dataset_records("wordnet-instrukt", "train")

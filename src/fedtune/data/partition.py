@@ -27,6 +27,12 @@ _INDEX = "_row"
 log = logging.getLogger("fedtune.data")
 
 
+_SETTING_KEYS = {
+    "dirichlet": "see data.partition.alpha, data.partition.min_partition_size",
+    "pathological": "see data.partition.classes_per_client",
+}
+
+
 def client_id(index: int) -> str:
     return f"c{index:02d}" if index < 100 else f"c{index}"
 
@@ -90,14 +96,26 @@ def partition_records(
             f"data.partition.classes_per_client={classes_per_client} but the data has only {values} "
             f"distinct '{by}' values"
         )
+    if scheme == "natural" and values == 1:
+        only = table[by][0]
+        raise DataError(
+            f"data.partition.scheme natural needs records that differ in data.partition.by ('{by}'), but "
+            f"every record has {by} = {only!r} (does the data have a '{by}' field?)"
+        )
     partitioner = _partitioner(scheme, num_clients, by, alpha, classes_per_client, min_partition_size, seed)
     partitioner.dataset = table
     parts: dict[str, list[Record]] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for index in range(partitioner.num_partitions):
-            rows = partitioner.load_partition(index)[_INDEX]
-            parts[client_id(index)] = [records[i] for i in sorted(rows)]
+        try:
+            for index in range(partitioner.num_partitions):
+                rows = partitioner.load_partition(index)[_INDEX]
+                parts[client_id(index)] = [records[i] for i in sorted(rows)]
+        except ValueError as error:  # the partitioner could not satisfy the settings with this data
+            raise DataError(
+                f"data.partition (scheme {scheme}, {len(records)} records, num_clients {num_clients}, "
+                f"{_SETTING_KEYS.get(scheme, 'num_clients')}): {error}"
+            ) from None
     for warning in caught:
         # e.g. the pathological scheme leaving some categories unused: worth knowing, not an error.
         log.info("partition: %s", str(warning.message).split(" If it is")[0])
