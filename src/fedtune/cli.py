@@ -397,8 +397,14 @@ def data_stats(
     config: Annotated[Path, typer.Argument(help="experiment YAML")],
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides")] = None,
     plot: Annotated[Path | None, typer.Option(help="where to save the plot")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="the run directory (default runs/<name>)")
+    ] = None,
 ) -> None:
-    """The per-client x category table of a config's partition, printed and saved as a plot."""
+    """The per-client x category table of a config's partition, printed and saved as a plot.
+
+    The plot goes with the run's other outputs: ``<run dir>/plots/partition.png`` unless ``--plot``.
+    """
     from fedtune.config import load_config
     from fedtune.data.partition import category_counts
     from fedtune.report import partition_table, plot_partition
@@ -411,7 +417,8 @@ def data_stats(
         _fail(exc)
     counts = category_counts(data.clients)
     out.print(partition_table(counts))
-    target = plot or Path(f"{cfg.name}-partition.png")
+    target = plot or (output_dir or cfg.run_dir()) / "plots" / "partition.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
     part = cfg.data.partition
     plot_partition(counts, target, f"{cfg.data.dataset}: {part.scheme} over {len(counts)} clients")
     out.print(f"plot: {target}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fedtune.cli import app
@@ -79,3 +80,13 @@ def test_models_commands() -> None:
     assert listed.exit_code == 0 and "smollm2-135m-instruct" in listed.output
     unknown = runner.invoke(app, ["models", "path", "smollm3"])
     assert unknown.exit_code == 2 and "did you mean" in unknown.output
+
+
+def test_data_stats_writes_its_plot_with_the_run_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    stats = runner.invoke(app, ["data", "stats", CONFIG, "-o", str(tmp_path / "run")])
+    assert stats.exit_code == 0, stats.output
+    assert (tmp_path / "run" / "plots" / "partition.png").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
