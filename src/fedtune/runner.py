@@ -43,6 +43,7 @@ from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, Ta
 from fedtune.progress import RunProgress
 from fedtune.resources import Resources
 from fedtune.train.loop import peak_rss_mb
+from fedtune.units import megabytes
 
 log = logging.getLogger("fedtune")
 
@@ -449,7 +450,7 @@ class Runner:
 def _round_summary(row: dict[str, Any]) -> str:
     parts = [f"loss {row['train_loss']:.4f}" if row.get("train_loss") is not None else "loss -"]
     parts += [f"{k} {v:.4g}" for k, v in row.get("eval", {}).items()]
-    parts.append(f"up {row['bytes_up'] / 2**20:.2f} MB")
+    parts.append(f"up {megabytes(row['bytes_up'])}")
     failed = len(row.get("failed", {})) + len(row.get("rejected", {}))
     if failed:
         parts.append(f"{failed} client(s) dropped")

@@ -174,7 +174,7 @@ def test_report_summarises_before_after_and_totals(compared_report: Path) -> Non
     assert "| Upload total (MB) | 2.5 |" in text
     assert "| Download total (MB) | 4.5 |" in text
     assert "| Mean round time (s) | 12 |" in text
-    assert "| Peak RSS (MB) | 950 |" in text
+    assert "| Peak RSS (MiB) | 950 |" in text
     assert "| Failed client-rounds | 1 |" in text
     assert "| rougeL | open_qa | 0.1 | 0.25 | +0.15 |" in text
     assert "| client_10 | 5 | 0 | 1 | 6 |" in text
@@ -212,3 +212,12 @@ def test_plot_partition_handles_a_hundred_clients(tmp_path: Path) -> None:
     assert_valid_png(path)
     with Image.open(path) as image:
         assert image.size[1] > 1500
+
+
+def test_traffic_is_shown_in_decimal_megabytes_everywhere() -> None:
+    from fedtune.runner import _round_summary
+    from fedtune.units import megabytes
+
+    assert megabytes(2_500_000) == "2.50 MB"
+    row = {"round": 1, "train_loss": 1.0, "bytes_up": 2_500_000, "eval": {}}
+    assert "up 2.50 MB" in _round_summary(row)

@@ -92,6 +92,7 @@ from fedtune.models.surgery import (
 )
 from fedtune.train.losses import PLAIN_HEAD_FAMILIES, emulator_alignment_loss
 from fedtune.train.optim import build_optimizer, optimizer_state_from_tree, optimizer_state_to_tree
+from fedtune.units import BYTES_PER_MB
 
 FROZEN = "frozen/"
 EMULATOR = "emulator/"
@@ -460,7 +461,7 @@ class FedBiOT(Algorithm):
         extra = {
             "emulator_version": float(self.emulator_version),
             "emulator_sends": float(emulator_sends),
-            "emulator_mb_down": emulator_bytes / 2**20,
+            "emulator_mb_down": emulator_bytes / BYTES_PER_MB,
         }
         if align.steps:
             extra.update(align_loss=align.loss, align_mse=align.mse, align_kl=align.kl)

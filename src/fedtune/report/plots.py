@@ -19,9 +19,9 @@ from matplotlib.ticker import MaxNLocator
 
 from fedtune.report.io import CategoryCounts, MetricsRow
 from fedtune.report.tables import categories_of, natural_sort_key
+from fedtune.units import BYTES_PER_MB
 
 DPI = 120
-BYTES_PER_MB = 1e6
 BEFORE_COLOUR = "#9e9e9e"
 FINAL_COLOUR = "#1f77b4"
 

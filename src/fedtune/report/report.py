@@ -15,7 +15,6 @@ from fedtune.report.io import (
     read_metrics,
 )
 from fedtune.report.plots import (
-    BYTES_PER_MB,
     eval_metric_names,
     plot_bytes_per_round,
     plot_category_scores,
@@ -23,6 +22,7 @@ from fedtune.report.plots import (
     plot_partition,
 )
 from fedtune.report.tables import format_delta, markdown_table, partition_table
+from fedtune.units import BYTES_PER_MB
 
 CONFIG_ESSENTIALS = [
     ("name", "Run name"),
@@ -136,15 +136,22 @@ def resource_rows(trained: Sequence[MetricsRow]) -> list[list[object]]:
         ["Tokens trained", int(_total(trained, "tokens"))],
         ["Mean round time (s)", _mean(round_seconds)],
         ["Total round time (s)", sum(round_seconds)],
-        ["Peak RSS (MB)", max((row["peak_rss_mb"] for row in trained if "peak_rss_mb" in row), default=None)],
+        [
+            "Peak RSS (MiB)",
+            max((row["peak_rss_mb"] for row in trained if "peak_rss_mb" in row), default=None),
+        ],
     ]
     # Only GPU runs record GPU memory; a row of dashes on CPU runs would suggest a missing value.
-    rows += [["Peak GPU memory (MB)", max(gpu_peaks)]] if gpu_peaks else []
+    rows += [["Peak GPU memory (MiB)", max(gpu_peaks)]] if gpu_peaks else []
     rows += [
         ["Failed client-rounds", sum(len(row.get("failed") or {}) for row in trained)],
         ["Rejected client-rounds", sum(len(row.get("rejected") or {}) for row in trained)],
     ]
     return rows
+
+
+def _peak(rows: list[MetricsRow], key: str) -> float | None:
+    return max((row[key] for row in rows if key in row), default=None)
 
 
 def _total(rows: Sequence[MetricsRow], key: str) -> float:
@@ -159,7 +166,7 @@ def per_round_table(rows: Sequence[MetricsRow]) -> str:
     """One line per round, with the eval metrics of the rounds that were evaluated."""
     metrics = eval_metric_names(rows)
     headers = ["Round", "Clients", "Failed", "Rejected", "Train loss", "Examples", "Tokens"]
-    headers += ["Up (MB)", "Down (MB)", "Round (s)", "Peak RSS (MB)", *metrics]
+    headers += ["Up (MB)", "Down (MB)", "Round (s)", "Peak RSS (MiB)", *metrics]
     return markdown_table(headers, [_per_round_cells(row, metrics) for row in rows])
 
 
