@@ -177,6 +177,7 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
         "rejected": traffic.rejected,
         "train_loss": result.train_loss,
         "num_examples": result.num_examples,
+        "trained_examples": result.trained_examples,
         "tokens": result.tokens,
         "bytes_up": traffic.bytes_up,
         "bytes_down": traffic.bytes_down,

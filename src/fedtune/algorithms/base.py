@@ -30,6 +30,7 @@ class RoundResult:
     num_examples: int
     tokens: int
     extra: dict[str, float] = field(default_factory=dict)
+    trained_examples: int | None = None
 
 
 class Algorithm(ABC):

@@ -32,7 +32,9 @@ from fedtune.models.lora import adapter_arrays, load_adapter
 from fedtune.train.sft import local_sft
 
 ADAPTER = "adapter/"
-REPLY_SCALARS = {"num_examples": int, "train_loss": float, "tokens": int}
+# num_examples: the client's data size, FedAvg's aggregation weight; trained_examples: what it trained on
+# this round (steps x batch x accumulation, repeats included).
+REPLY_SCALARS = {"num_examples": int, "trained_examples": int, "train_loss": float, "tokens": int}
 METRIC = "metric/"
 CATEGORY = "category/"
 
@@ -101,6 +103,7 @@ def fit_adapter(ctx: ClientContext, adapter: Mapping[str, np.ndarray], prox_mu: 
     reply: Payload = {ADAPTER + k: v for k, v in adapter_arrays(model).items()}
     reply.update(
         num_examples=len(ctx.data),
+        trained_examples=int(result.num_examples),
         train_loss=float(result.loss),
         tokens=int(result.tokens),
         peak_mem_mb=float(result.peak_mem_mb),
@@ -150,6 +153,7 @@ def fit_round_result(
         train_loss=float(np.average(losses, weights=weights)),
         num_examples=sum(weights),
         tokens=sum(int(r["tokens"]) for r in replies.values()),
+        trained_examples=sum(int(r["trained_examples"]) for r in replies.values()),
         extra={
             "client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values()),
             **extra,

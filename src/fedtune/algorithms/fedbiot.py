@@ -609,6 +609,7 @@ class FedBiOT(Algorithm):
         reply: Payload = {ADAPTER + k: p.detach().float().cpu().numpy().copy() for k, p in params.items()}
         reply.update(
             num_examples=len(ctx.data),
+            trained_examples=int(result.num_examples),
             train_loss=float(result.loss),
             tokens=int(result.tokens),
             peak_mem_mb=float(result.peak_mem_mb),

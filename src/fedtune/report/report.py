@@ -165,7 +165,7 @@ def _mean(values: Sequence[float]) -> float | None:
 def per_round_table(rows: Sequence[MetricsRow]) -> str:
     """One line per round, with the eval metrics of the rounds that were evaluated."""
     metrics = eval_metric_names(rows)
-    headers = ["Round", "Clients", "Failed", "Rejected", "Train loss", "Examples", "Tokens"]
+    headers = ["Round", "Clients", "Failed", "Rejected", "Train loss", "Examples trained", "Tokens"]
     headers += ["Up (MB)", "Down (MB)", "Round (s)", "Peak RSS (MiB)", *metrics]
     return markdown_table(headers, [_per_round_cells(row, metrics) for row in rows])
 
@@ -179,7 +179,7 @@ def _per_round_cells(row: MetricsRow, metrics: list[str]) -> list[object]:
         _count(row, "failed"),
         _count(row, "rejected"),
         row.get("train_loss"),
-        row.get("num_examples"),
+        row.get("trained_examples"),
         row.get("tokens"),
         _megabytes(row, "bytes_up"),
         _megabytes(row, "bytes_down"),
