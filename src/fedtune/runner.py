@@ -10,6 +10,7 @@ import os
 import platform
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +243,7 @@ class Runner:
         self.after_task = after_task
         self.tap = tap
         self.history: list[dict[str, Any]] = []
+        self.untrained_categories: list[str] = []
 
     def _build(
         self, progress: RunProgress, resume: bool = False
@@ -254,10 +256,13 @@ class Runner:
                     "dataset": self.cfg.data.dataset,
                     "scheme": self.cfg.data.partition.scheme,
                     "counts": category_counts(data.clients),
+                    "eval_counts": dict(sorted(Counter(r.category for r in data.eval_records).items())),
                 },
                 indent=1,
             )
         )
+        trained = {r.category for records in data.clients.values() for r in records}
+        self.untrained_categories = sorted({r.category for r in data.eval_records} - trained)
         resources = Resources(self.cfg)
         algorithm = get_algorithm(self.cfg.algorithm)(self.cfg)
         fed = (
@@ -446,6 +451,11 @@ class Runner:
 
     def print_summary(self) -> None:
         self.console.print(summary_table(self.history, self.cfg.name))
+        if self.untrained_categories:
+            self.console.print(
+                f"categories in no client's training data (evaluated all the same): "
+                f"{', '.join(self.untrained_categories)}"
+            )
 
 
 def _round_summary(row: dict[str, Any]) -> str:

@@ -106,3 +106,23 @@ def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path)
     expected = sum(r.metrics["perplexity"] for r in per_client) / len(per_client)
     assert history[1]["eval"]["perplexity"] == pytest.approx(expected, rel=1e-9)
     assert history[1]["eval"]["perplexity"] != pytest.approx(history[0]["eval"]["perplexity"])
+
+
+def test_the_run_summary_names_categories_no_client_trained_on(tmp_path: Path) -> None:
+    import json
+
+    from rich.console import Console
+
+    from fedtune.runner import Runner
+
+    cfg = tiny_config(
+        "fedit", "fed.rounds=1", "data.partition.num_clients=2", "data.partition.classes_per_client=1"
+    )
+    console = Console(record=True, width=200)
+    Runner(cfg, tmp_path / "run", console=console).run()
+
+    stats = json.loads((tmp_path / "run" / "data_stats.json").read_text())
+    held = {c for per_client in stats["counts"].values() for c, n in per_client.items() if n}
+    left_out = sorted(set(stats["eval_counts"]) - held)
+    assert left_out, "the config must leave a category out"
+    assert f"evaluated all the same): {', '.join(left_out)}" in console.export_text()

@@ -27,6 +27,8 @@ COUNTS = {
     "client_1": {"summarization": 4},
 }
 
+EVAL_COUNTS = {"open_qa": 3, "poetry": 2, "summarization": 4}
+
 
 def training_row(round_number: int, **overrides: Any) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -54,7 +56,7 @@ def resumed_run_lines() -> list[str]:
         {
             "round": 0,
             "eval": {"rougeL": 0.2, "perplexity": 20.0},
-            "eval_by_category": {"rougeL": {"open_qa": 0.1, "summarization": 0.3}},
+            "eval_by_category": {"rougeL": {"open_qa": 0.1, "summarization": 0.3, "poetry": 0.0}},
         },
         training_row(1),
         training_row(2, train_loss=9.9, bytes_up=99_000_000, eval={"rougeL": 0.9, "perplexity": 1.0}),
@@ -67,7 +69,7 @@ def resumed_run_lines() -> list[str]:
             peak_rss_mb=950.0,
             failed={"client_3": "timeout"},
             eval={"rougeL": 0.35, "perplexity": 12.5},
-            eval_by_category={"rougeL": {"open_qa": 0.25, "summarization": 0.4}},
+            eval_by_category={"rougeL": {"open_qa": 0.25, "summarization": 0.4, "poetry": 0.05}},
         ),
     ]
     return [json.dumps(row) for row in rows] + ['{"round": 3, "clients": ["cl']
@@ -105,7 +107,8 @@ def compared_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     run_dir = write_run(root / "fedpt", "fedpt-run", "fedpt", "\n".join(resumed_run_lines()))
     (run_dir / "data_stats.json").write_text(
-        json.dumps({"dataset": "dolly", "scheme": "dirichlet", "counts": COUNTS}), encoding="utf-8"
+        json.dumps({"dataset": "dolly", "scheme": "dirichlet", "counts": COUNTS, "eval_counts": EVAL_COUNTS}),
+        encoding="utf-8",
     )
     other_rows = [{"round": 0, "eval": {"rougeL": 0.2}}, training_row(1, eval={"rougeL": 0.3})]
     other_text = "\n".join(json.dumps(row) for row in other_rows) + "\n"
@@ -176,7 +179,9 @@ def test_report_summarises_before_after_and_totals(compared_report: Path) -> Non
     assert "| Mean round time (s) | 12 |" in text
     assert "| Peak RSS (MiB) | 950 |" in text
     assert "| Failed client-rounds | 1 |" in text
-    assert "| rougeL | open_qa | 0.1 | 0.25 | +0.15 |" in text
+    assert "| rougeL | open_qa | 3 | yes | 0.1 | 0.25 | +0.15 |" in text
+    assert "| rougeL | poetry | 2 | no * | 0 | 0.05 | +0.05 |" in text
+    assert "in no client's training data: poetry" in text
     assert "| client_10 | 5 | 0 | 1 | 6 |" in text
 
 

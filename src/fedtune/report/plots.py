@@ -107,19 +107,24 @@ def plot_learning_curves(runs: Mapping[str, Sequence[MetricsRow]], path: Path, t
 
 
 def plot_category_scores(
-    before: dict[str, dict[str, float]], final: dict[str, dict[str, float]], path: Path, title: str
+    before: dict[str, dict[str, float]],
+    final: dict[str, dict[str, float]],
+    path: Path,
+    title: str,
+    labels: Mapping[str, str] | None = None,
 ) -> Path:
     """Grouped bars per category, before training vs after the last eval round, one subplot per metric.
 
     ``before`` and ``final`` map metric -> category -> score; ``before`` may be empty when the
-    run did not evaluate at round 0.
+    run did not evaluate at round 0. ``labels`` names the categories on the axis (e.g. with their
+    evaluation counts, and ``*`` for a category no client trained on).
     """
     metrics = list(dict.fromkeys([*final, *before]))
     categories = sorted({c for scores in [*before.values(), *final.values()] for c in scores})
     width = max(4.2, 0.45 * len(categories) + 1.5)
     figure, axes = _subplot_grid(len(metrics), width=width, height=3.4)
     for ax, metric in zip(axes, metrics, strict=True):
-        _draw_grouped_bars(ax, categories, before.get(metric, {}), final.get(metric, {}))
+        _draw_grouped_bars(ax, categories, before.get(metric, {}), final.get(metric, {}), labels or {})
         ax.set_title(metric)
         ax.set_ylabel(f"{metric} (score)")
         ax.grid(True, axis="y", alpha=0.3)
@@ -127,12 +132,18 @@ def plot_category_scores(
         # Headroom above the tallest bar keeps the legend from covering any of them.
         ax.set_ylim(top=ax.get_ylim()[1] * 1.2)
         ax.legend(loc="upper left", ncols=2, fontsize="small", frameon=False)
+    if labels and any(label.endswith("*") for label in labels.values()):
+        figure.text(0.01, 0.01, "* in no client's training data", fontsize="small")
     figure.suptitle(title)
     return _save(figure, path)
 
 
 def _draw_grouped_bars(
-    ax: Axes, categories: list[str], before: dict[str, float], final: dict[str, float]
+    ax: Axes,
+    categories: list[str],
+    before: dict[str, float],
+    final: dict[str, float],
+    labels: Mapping[str, str],
 ) -> None:
     positions = range(len(categories))
     bar_width = 0.4 if before else 0.7
@@ -152,7 +163,8 @@ def _draw_grouped_bars(
         label="final",
         color=FINAL_COLOUR,
     )
-    ax.set_xticks(list(positions), categories, rotation=35, ha="right", rotation_mode="anchor")
+    names = [labels.get(c, c) for c in categories]
+    ax.set_xticks(list(positions), names, rotation=35, ha="right", rotation_mode="anchor")
 
 
 def plot_bytes_per_round(rows: Sequence[MetricsRow], path: Path, title: str) -> Path:

@@ -207,21 +207,58 @@ def _category_section(run: Run, plots_dir: Path) -> str:
     final = (run.final_row or {}).get("eval_by_category") or {}
     if not final:
         return ""
+    stats = run.data_stats or {}
+    eval_counts: dict[str, int] = stats.get("eval_counts", {})
+    trained = trained_categories(stats["counts"]) if "counts" in stats else None
+    labels = category_labels(sorted({c for scores in final.values() for c in scores}), eval_counts, trained)
     title = f"{run.name}: per-category scores"
-    path = plot_category_scores(before, final, plots_dir / "category_scores.png", title)
-    return "\n".join(
-        ["## Per-category scores\n", category_table(before, final), _image(title, path, plots_dir)]
-    )
+    path = plot_category_scores(before, final, plots_dir / "category_scores.png", title, labels)
+    lines = ["## Per-category scores\n", category_table(before, final, eval_counts, trained)]
+    unheld = untrained_categories(eval_counts, trained)
+    if unheld:
+        lines.append(f"\n\\* in no client's training data: {', '.join(unheld)} (evaluated all the same).\n")
+    return "\n".join([*lines, _image(title, path, plots_dir)])
 
 
-def category_table(before: dict[str, dict[str, float]], final: dict[str, dict[str, float]]) -> str:
+def trained_categories(counts: dict[str, dict[str, int]]) -> set[str]:
+    """The categories some client holds, from data_stats.json's per-client counts."""
+    return {category for per_client in counts.values() for category, n in per_client.items() if n > 0}
+
+
+def untrained_categories(eval_counts: dict[str, int], trained: set[str] | None) -> list[str]:
+    """Evaluated categories that no client trained on."""
+    return [] if trained is None else sorted(set(eval_counts) - trained)
+
+
+def category_labels(
+    categories: list[str], eval_counts: dict[str, int], trained: set[str] | None
+) -> dict[str, str]:
+    """``name (n=3)``, with ``*`` when no client holds the category."""
+    labels = {}
+    for category in categories:
+        count = f" (n={eval_counts[category]})" if category in eval_counts else ""
+        mark = "*" if trained is not None and category not in trained else ""
+        labels[category] = f"{category}{count}{mark}"
+    return labels
+
+
+def category_table(
+    before: dict[str, dict[str, float]],
+    final: dict[str, dict[str, float]],
+    eval_counts: dict[str, int] | None = None,
+    trained: set[str] | None = None,
+) -> str:
+    eval_counts = eval_counts or {}
     rows: list[list[object]] = []
     for metric, scores in final.items():
         for category in sorted(scores):
             start = before.get(metric, {}).get(category)
             delta = scores[category] - start if start is not None else None
-            rows.append([metric, category, start, scores[category], format_delta(delta)])
-    return markdown_table(["Metric", "Category", "Before", "Final", "Δ"], rows)
+            held = "" if trained is None else ("yes" if category in trained else "no *")
+            row = [metric, category, eval_counts.get(category), held, start, scores[category]]
+            rows.append([*row, format_delta(delta)])
+    headers = ["Metric", "Category", "Eval examples", "In training data", "Before", "Final", "Δ"]
+    return markdown_table(headers, rows)
 
 
 def _communication_section(run: Run, plots_dir: Path) -> str:
