@@ -368,3 +368,16 @@ def test_device_resolution() -> None:
 def test_cuda_without_gpu_is_an_error() -> None:
     with pytest.raises(ModelError, match="no CUDA GPU"):
         resolve_device("cuda")
+
+
+def test_gguf_conversion_prints_no_progress_bar_of_its_own(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(gguf_path)
+    capfd.readouterr()
+
+    zoo.convert_gguf(gguf_path, tmp_path / "out")
+
+    captured = capfd.readouterr()
+    assert "GGUF" not in captured.err + captured.out

@@ -303,6 +303,25 @@ def _assemble(entry: ZooEntry, parts: Sequence[Path], target: Path, progress: Pr
     return target
 
 
+@contextmanager
+def quiet_gguf_conversion() -> Iterator[None]:
+    """Silence transformers' own GGUF progress bar (a raw tqdm that ignores its progress-bar switch):
+    the caller shows one phase line of its own instead of a second, differently styled bar."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF checkpoint and save model + tokenizer as a float32 safetensors directory."""
     # Imported here so that listing the zoo (`fedtune models list`) does not pay for torch.
@@ -312,13 +331,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     # Asking for dequantization explicitly loads plain dense modules with no GGUF quantizer attached,
     # which is what lets save_pretrained write ordinary safetensors.
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent,
-        gguf_file=gguf_path.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-    )
+    with quiet_gguf_conversion():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent,
+            gguf_file=gguf_path.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
