@@ -11,34 +11,58 @@ from fedtune.data.records import Record
 from fedtune.data.templates import build_prompt
 from fedtune.eval.evaluate import EvalResult, evaluate_lm
 
+FEDBIOT_MODELS = ("full", "emulator")
+"""FedBiOT's two final models: the adapter on the full model (AdapFu) or on the emulator (AdapEmu)."""
 
-def load_final_model(run_dir: Path) -> tuple[Any, Any, ExperimentConfig]:
-    """(model with the final adapter, tokenizer, run config); a clear error if the run has none."""
-    from peft import PeftModel
 
+def load_base_model(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """The run's base model and tokenizer, from where the run loaded them (cache dir, GGUF file)."""
     from fedtune.models.loading import load_causal_lm
 
+    return load_causal_lm(
+        cfg.model.name,
+        dtype=cfg.model.dtype,
+        device=cfg.model.device,
+        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+        gguf_file=cfg.model.gguf_file,
+        seed=cfg.seed,
+    )
+
+
+def load_final_model(run_dir: Path, fedbiot_model: str = "full") -> tuple[Any, Any, ExperimentConfig]:
+    """(model with the final adapter, tokenizer, run config); a clear error if the run has none.
+
+    For a FedBiOT run ``fedbiot_model`` picks the adapter on the full model (``full``, AdapFu) or on
+    the emulator (``emulator``, AdapEmu).
+    """
+    from peft import PeftModel
+
     cfg = load_run_config(run_dir)
+    if fedbiot_model not in FEDBIOT_MODELS:
+        raise ValueError(f"unknown FedBiOT model {fedbiot_model!r}; choose {' or '.join(FEDBIOT_MODELS)}")
+    if cfg.algorithm == "fedbiot":
+        from fedtune.algorithms.fedbiot import load_final_fedbiot
+
+        model, tokenizer = load_base_model(cfg)
+        return load_final_fedbiot(cfg, model, run_dir, fedbiot_model == "emulator"), tokenizer, cfg
+    if fedbiot_model != "full":
+        raise ValueError("the emulator model exists for FedBiOT runs only")
     adapter_dir = run_dir / "artifacts" / "adapter"
     if not (adapter_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(
             f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)"
         )
-    model, tokenizer = load_causal_lm(
-        cfg.model.name,
-        dtype=cfg.model.dtype,
-        device=cfg.model.device,
-        gguf_file=cfg.model.gguf_file,
-        seed=cfg.seed,
-    )
+    model, tokenizer = load_base_model(cfg)
     tuned = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     return tuned, tokenizer, cfg
 
 
-def evaluate_run(run_dir: Path, split: str | None = None, max_examples: int | None = None) -> EvalResult:
+def evaluate_run(
+    run_dir: Path, split: str | None = None, max_examples: int | None = None, fedbiot_model: str = "full"
+) -> EvalResult:
     from fedtune.runner import prepare_data
 
-    model, tokenizer, cfg = load_final_model(run_dir)
+    model, tokenizer, cfg = load_final_model(run_dir, fedbiot_model)
     if split:
         cfg.data.eval_split = split
     if max_examples:
@@ -78,6 +102,7 @@ def generate_from_run(
     seed: int = 0,
     raw: bool = False,
     alpha: float | None = None,
+    fedbiot_model: str = "full",
 ) -> list[str]:
     """Generate with a run's final model: for FedPT runs the proxy-tuned large LM (``alpha``
     overrides the run's choice), else the small model with its adapter."""
@@ -93,7 +118,7 @@ def generate_from_run(
         )
     if alpha is not None:
         raise ValueError("alpha applies to FedPT runs only (proxy-tuned decoding)")
-    model, tokenizer, cfg = load_final_model(run_dir)
+    model, tokenizer, cfg = load_final_model(run_dir, fedbiot_model)
     texts = prompts if raw else _templated(prompts, cfg, tokenizer)
     return generate_texts(
         model,

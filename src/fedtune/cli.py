@@ -36,6 +36,7 @@ console = Console(stderr=True)
 # Piped output (files, CI logs) gets wide tables instead of 80-column wrapping.
 out = Console() if sys.stdout.isatty() else Console(width=200)
 
+FEDBIOT_MODEL_HELP = "FedBiOT runs: the adapter on the full model (full, AdapFu) or on the emulator (AdapEmu)"
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     KeyError,
@@ -164,12 +165,13 @@ def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
     split: Annotated[str | None, typer.Option(help="dataset split (default: the run's eval split)")] = None,
     max_examples: Annotated[int | None, typer.Option(help="evaluate on at most N examples")] = None,
+    fedbiot_model: Annotated[str, typer.Option(help=FEDBIOT_MODEL_HELP)] = "full",
 ) -> None:
     """Evaluate the final model of a run; writes eval.json in the run directory."""
     from fedtune.artifacts import evaluate_run
 
     try:
-        result = evaluate_run(run_dir, split=split, max_examples=max_examples)
+        result = evaluate_run(run_dir, split=split, max_examples=max_examples, fedbiot_model=fedbiot_model)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     table = Table(title=f"{run_dir}: final model")
@@ -192,6 +194,7 @@ def generate(
     alpha: Annotated[
         float | None, typer.Option(help="FedPT runs: proxy strength (default: the run's chosen alpha)")
     ] = None,
+    fedbiot_model: Annotated[str, typer.Option(help=FEDBIOT_MODEL_HELP)] = "full",
 ) -> None:
     """Generate with the final model of a run (the run's prompt template is applied).
 
@@ -209,6 +212,7 @@ def generate(
             seed=seed,
             raw=raw,
             alpha=alpha,
+            fedbiot_model=fedbiot_model,
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)

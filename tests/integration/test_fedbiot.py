@@ -320,3 +320,25 @@ def test_alignment_clip_norm_is_its_own_setting(tmp_path: Path) -> None:
     default = emulator_after()
     clipped = emulator_after("fedbiot.align_clip_norm=1e-6")
     assert any(not np.array_equal(default[k], clipped[k]) for k in default)
+
+
+@pytest.mark.parametrize("adapter_mode", ["full", "lora"])
+def test_generate_and_eval_work_on_a_fedbiot_run(adapter_mode: str, tmp_path: Path) -> None:
+    from fedtune.artifacts import evaluate_run, generate_from_run, load_final_model
+
+    cfg = tiny_config("fedbiot", "fed.rounds=1", f"fedbiot.adapter_mode={adapter_mode}")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+
+    texts = generate_from_run(tmp_path / "run", ["Define 'harbor'."], max_new_tokens=3)
+    emulated = generate_from_run(
+        tmp_path / "run", ["Define 'harbor'."], max_new_tokens=3, fedbiot_model="emulator"
+    )
+    assert len(texts) == 1 and len(emulated) == 1
+    for which, prefix in (("full", "adapfu/"), ("emulator", "adapemu/")):
+        result = evaluate_run(tmp_path / "run", fedbiot_model=which)
+        assert result.metrics["perplexity"] == pytest.approx(
+            history[-1]["eval"][f"{prefix}perplexity"], rel=1e-5
+        )
+    full, _, _ = load_final_model(tmp_path / "run")
+    emulator, _, _ = load_final_model(tmp_path / "run", "emulator")
+    assert sum(p.numel() for p in emulator.parameters()) < sum(p.numel() for p in full.parameters())

@@ -412,3 +412,29 @@ def test_generate_from_a_non_fedpt_run_rejects_alpha(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="FedPT runs only"):
         artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=2, alpha=1.0)
+
+
+def test_load_proxy_model_loads_both_models_from_the_runs_cache_dir_and_gguf_file(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from fedtune.models import loading
+
+    run_dir = fedpt_run(tmp_path, None)
+    cfg = artifacts.load_run_config(run_dir)
+    cfg.model.cache_dir = str(tmp_path / "cache")
+    cfg.model.gguf_file = "small.gguf"
+    monkeypatch.setattr(artifacts, "load_run_config", lambda _: cfg)
+    calls: list[tuple[str, Any, Any]] = []
+    real = loading.load_causal_lm
+
+    def spy(name: str, **kwargs: Any) -> Any:
+        calls.append((name, kwargs.get("cache_dir"), kwargs.get("gguf_file")))
+        return real(name, seed=kwargs.get("seed", 0))
+
+    monkeypatch.setattr(loading, "load_causal_lm", spy)
+    load_proxy_model(run_dir)
+
+    assert calls == [
+        (cfg.model.name, tmp_path / "cache", "small.gguf"),
+        (LARGE, tmp_path / "cache", None),
+    ]

@@ -665,6 +665,9 @@ class FedBiOT(Algorithm):
         }
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_savez(directory / "fedbiot-adapter.npz", self.global_adapter)
+        if self._models is not None:
+            _, emulator, split = self._models
+            _atomic_savez(directory / "fedbiot-emulator.npz", self._emulator_state(emulator, split))
         (directory / "fedbiot.json").write_text(json.dumps(info, indent=1))
 
     # ------------------------------------------------------------------ state
@@ -693,3 +696,30 @@ class FedBiOT(Algorithm):
         load_layer_state(
             emulator, state["emulator"], split.emulator, split.emulator_positions(), what="checkpoint"
         )
+
+
+def load_final_fedbiot(cfg: Any, base: Any, run_dir: Path, emulator: bool) -> Any:
+    """A finished run's final model built from ``base``: AdapFu (the adapter plugged into the full
+    model) or, with ``emulator``, AdapEmu (the adapter on the final emulator)."""
+    directory = run_dir / "artifacts"
+    adapter_file = directory / "fedbiot-adapter.npz"
+    if not adapter_file.is_file():
+        raise FileNotFoundError(
+            f"{adapter_file} is missing: did the run finish? (`fedtune resume {run_dir}`)"
+        )
+    algorithm = FedBiOT(cfg)
+    split = make_split(algorithm.section, num_decoder_layers(base))
+    model = build_emulator(base, split) if emulator else base
+    if algorithm.section.adapter_mode == "lora":
+        positions = split.emulator_positions()
+        model = algorithm._with_lora(
+            model, [positions[i] for i in split.adapter] if emulator else split.adapter
+        )
+    if emulator:
+        emulator_file = directory / "fedbiot-emulator.npz"
+        if not emulator_file.is_file():
+            raise FileNotFoundError(f"{emulator_file} is missing (the run predates it): use the full model")
+        state = _load_npz(emulator_file)
+        load_layer_state(model, state, split.emulator, split.emulator_positions(), what=str(emulator_file))
+    algorithm._load_adapter(model, split, emulator, _load_npz(adapter_file))
+    return model.eval()

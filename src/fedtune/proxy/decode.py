@@ -229,7 +229,11 @@ def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTu
 
     small, tokenizer, cfg = load_final_model(run_dir)
     large = LocalLogitSource.load(
-        cfg.fedpt.large_model, dtype=cfg.fedpt.large_dtype, device=cfg.model.device, seed=cfg.seed
+        cfg.fedpt.large_model,
+        dtype=cfg.fedpt.large_dtype,
+        device=cfg.model.device,
+        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+        seed=cfg.seed,
     )
     if alpha is None:
         alpha = _saved_alpha(run_dir / "artifacts" / "proxy.json", cfg.fedpt.large_model)
