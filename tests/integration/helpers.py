@@ -7,19 +7,9 @@ from rich.console import Console
 
 from fedtune.config import ExperimentConfig, load_config
 from fedtune.runner import Runner
+from tests.golden.cases import VOLATILE
 
 ROOT = Path(__file__).resolve().parents[2]
-VOLATILE = {
-    "client_seconds",
-    "server_seconds",
-    "round_seconds",
-    "peak_rss_mb",
-    "gpu_peak_mb",
-    "client_peak_mem_mb",
-    "kd_seconds",
-    "teacher_seconds",
-    "kd_student_seconds",
-}
 
 
 def tiny_config(algorithm: str, *overrides: str) -> ExperimentConfig:
