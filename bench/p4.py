@@ -140,7 +140,7 @@ def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats:
     from fedtune.models.lora import adapter_arrays, load_adapter
 
     reply: dict[str, Any] = {ADAPTER + k: v for k, v in adapter.items()}
-    reply.update(num_examples=8, train_loss=0.0, tokens=0, peak_mem_mb=0.0)
+    reply.update(num_examples=8, trained_examples=8, train_loss=0.0, tokens=0, peak_mem_mb=0.0)
     spec = ReplySpec.like({ADAPTER + k: v for k, v in adapter.items()}, scalars=REPLY_SCALARS)
     spec_no_reference = ReplySpec.like(
         {ADAPTER + k: v for k, v in adapter.items()}, scalars=REPLY_SCALARS, reference=False
