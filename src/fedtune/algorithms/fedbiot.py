@@ -43,6 +43,10 @@ Choices where the paper is silent, and deviations:
   (``client_cache: disk``; ``auto`` = disk on Flower, whose ClientApp process lives for one message)
   so a restarted client process need not be re-sent what it has.
 - A client whose task fails is assumed to hold nothing; the next time it is sampled it gets everything.
+- The alignment (eq. 2) runs student and teacher without dropout (eval mode), so the student matches
+  the same deterministic function it is compared with; gradients are clipped at ``align_clip_norm``.
+  The per-round alignment keeps one optimizer for the whole run (checkpointed, so resume is exact);
+  the initial distillation has its own.
 """
 
 from __future__ import annotations
