@@ -11,7 +11,7 @@ import numpy as np
 
 from fedtune.data.records import Record
 from fedtune.fl.payload import Payload
-from fedtune.fl.validation import ReplySpec
+from fedtune.fl.validation import Expect
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
@@ -98,7 +98,7 @@ class Federation(Protocol):
         task: str,
         payload: Payload | Mapping[str, Payload],
         timeout: float | None = None,
-        expect: ReplySpec | None = None,
+        expect: Expect | None = None,
     ) -> dict[str, Payload]: ...
 
     def begin_round(self, rnd: int) -> None: ...

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fedtune.data.records import Record
 from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
 from fedtune.fl.payload import Payload, PayloadError, check_payload, payload_nbytes
-from fedtune.fl.validation import ReplyRejected, ReplySpec, validate_reply
+from fedtune.fl.validation import Expect, ReplyRejected, check_reply
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
@@ -92,7 +92,7 @@ class InProcessFederation:
         task: str,
         payload: Payload | Mapping[str, Payload],
         timeout: float | None = None,
-        expect: ReplySpec | None = None,
+        expect: Expect | None = None,
     ) -> dict[str, Payload]:
         if task not in self.tasks:
             raise KeyError(f"unknown client task {task!r}; registered: {sorted(self.tasks)}")
@@ -109,7 +109,7 @@ class InProcessFederation:
             if self.tap is not None:
                 self.tap("up", client, task, self.rnd, reply)
             try:
-                replies[client] = validate_reply(reply, expect, client) if expect else reply
+                replies[client] = check_reply(reply, expect, client)
             except ReplyRejected as exc:
                 self.traffic.rejected[client] = str(exc)
                 log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)

@@ -89,6 +89,26 @@ def _check_weight(payload: Payload, spec: ReplySpec, client: str | None) -> None
         raise ReplyRejected(f"num_examples {count} exceeds the {limit} examples client {client} holds")
 
 
+Expect = ReplySpec | Mapping[str, ReplySpec]
+"""What a call expects back: one spec for every client, or a spec per client (clients whose models or
+masks differ send different keys and shapes)."""
+
+
+def spec_for(expect: Expect, client: str) -> ReplySpec:
+    """``client``'s reply spec; a per-client mapping without the client rejects its reply."""
+    if isinstance(expect, ReplySpec):
+        return expect
+    spec = expect.get(client)
+    if spec is None:
+        raise ReplyRejected(f"no reply spec for client {client} (the server expected no reply from it)")
+    return spec
+
+
+def check_reply(reply: Payload, expect: Expect | None, client: str) -> Payload:
+    """``reply`` checked against ``client``'s spec in ``expect`` (unchecked when ``expect`` is None)."""
+    return reply if expect is None else validate_reply(reply, spec_for(expect, client), client)
+
+
 def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) -> Payload:
     """Return ``client``'s reply if it satisfies ``spec``; raise ReplyRejected naming the first problem."""
     try:

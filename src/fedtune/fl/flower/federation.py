@@ -27,7 +27,7 @@ from fedtune.fl.federation import Traffic, per_client_payload, seeded_sample
 from fedtune.fl.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
 from fedtune.fl.payload import Payload, PayloadError, payload_nbytes
 from fedtune.fl.simulation import TapHook
-from fedtune.fl.validation import ReplyRejected, ReplySpec, validate_reply
+from fedtune.fl.validation import Expect, ReplyRejected, check_reply
 
 log = logging.getLogger("fedtune.fl")
 
@@ -166,7 +166,7 @@ class GridFederation:
         task: str,
         payload: Payload | Mapping[str, Payload],
         timeout: float | None = None,
-        expect: ReplySpec | None = None,
+        expect: Expect | None = None,
     ) -> dict[str, Payload]:
         self.connected()
         category = "query" if task in self.query_tasks else "train"
@@ -200,7 +200,7 @@ class GridFederation:
         return {client: accepted[client] for client in clients if client in accepted}
 
     def _accept(
-        self, client: str, task: str, reply: Message, expect: ReplySpec | None, wait: float
+        self, client: str, task: str, reply: Message, expect: Expect | None, wait: float
     ) -> Payload | None:
         if reply.has_error() and reply.error.code in _LOST:
             # The SuperLink answers for a node that never replied (TTL expired, node removed).
@@ -226,7 +226,7 @@ class GridFederation:
         if self.tap is not None:
             self.tap("up", client, task, self.rnd, payload)
         try:
-            return validate_reply(payload, expect, client) if expect else payload
+            return check_reply(payload, expect, client)
         except ReplyRejected as exc:
             self.traffic.rejected[client] = str(exc)
             log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
