@@ -173,3 +173,39 @@ def test_adapter_io_matches_peft_public_api() -> None:
     assert via_peft.keys() == changed.keys()
     for key, value in via_peft.items():
         assert torch.equal(value, torch.from_numpy(changed[key]))
+
+
+def test_masked_entries_never_move_even_with_weight_decay_and_momentum() -> None:
+    model, batches = lora_setup()
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():  # non-zero everywhere, so decoupled weight decay would move any entry
+        for p in named.values():
+            p.add_(0.05)
+    generator = torch.Generator().manual_seed(0)
+    masks = {n: torch.rand(p.shape, generator=generator) > 0.5 for n, p in named.items()}
+    before = {n: p.detach().clone() for n, p in named.items()}
+    opt = build_optimizer(model.parameters(), "adamw", lr=0.05, weight_decay=0.1)
+    train_local(model, batches, opt, None, steps=4, grad_masks=masks, prox_mu=0.1, prox_reference=before)
+    for name, p in named.items():
+        assert torch.equal(p[~masks[name]], before[name][~masks[name]]), name
+        assert not torch.equal(p[masks[name]], before[name][masks[name]]), name
+
+
+def test_a_mask_for_a_frozen_parameter_is_an_error() -> None:
+    model, batches = lora_setup()
+    frozen = next(n for n, p in model.named_parameters() if not p.requires_grad)
+    opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+    with pytest.raises(KeyError, match="does not train"):
+        train_local(model, batches, opt, None, steps=1, grad_masks={frozen: torch.ones(1, dtype=torch.bool)})
+
+
+def test_only_trainable_selects_and_restores_flags() -> None:
+    from fedtune.train.sft import only_trainable
+
+    model, _ = lora_setup()
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    head = dict(model.named_parameters())
+    chosen = {n: p for n, p in head.items() if "lm_head" in n or "embed" in n}
+    with only_trainable(model, chosen):
+        assert {n for n, p in model.named_parameters() if p.requires_grad} == set(chosen)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.local import REPLY_SCALARS, fit_reply, train_selected
 from fedtune.algorithms.registry import register
 from fedtune.config import FedITConfig
 from fedtune.data.records import Record
@@ -28,13 +29,9 @@ from fedtune.fl.aggregate import server_step, weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ReplySpec
-from fedtune.models.lora import adapter_arrays, load_adapter
-from fedtune.train.sft import local_sft
+from fedtune.models.lora import adapter_parameters, load_adapter
 
 ADAPTER = "adapter/"
-# num_examples: the client's data size, FedAvg's aggregation weight; trained_examples: what it trained on
-# this round (steps x batch x accumulation, repeats included).
-REPLY_SCALARS = {"num_examples": int, "trained_examples": int, "train_loss": float, "tokens": int}
 METRIC = "metric/"
 CATEGORY = "category/"
 
@@ -88,27 +85,16 @@ def fit_adapter(ctx: ClientContext, adapter: Mapping[str, np.ndarray], prox_mu: 
     """Load ``adapter``, train it on local data, reply with the new adapter and statistics."""
     model, tokenizer = ctx.resources.lora_lm()
     load_adapter(model, adapter)
-    result = local_sft(
+    params = adapter_parameters(model)
+    result = train_selected(
+        ctx,
         model,
+        params,
         client_examples(ctx),
-        ctx.cfg.train,
         pad_token_id=int(tokenizer.pad_token_id or 0),
-        seed=derive_seed(ctx.cfg.seed, ctx.rnd, ctx.client_id),
-        rnd=ctx.rnd,
-        rounds=ctx.cfg.fed.rounds,
-        bucketing=ctx.cfg.data.length_bucketing,
         prox_mu=prox_mu,
-        report=ctx.report,
     )
-    reply: Payload = {ADAPTER + k: v for k, v in adapter_arrays(model).items()}
-    reply.update(
-        num_examples=len(ctx.data),
-        trained_examples=int(result.num_examples),
-        train_loss=float(result.loss),
-        tokens=int(result.tokens),
-        peak_mem_mb=float(result.peak_mem_mb),
-    )
-    return reply
+    return fit_reply(ctx, params, result, ADAPTER)
 
 
 def collect_adapters(

@@ -65,6 +65,7 @@ from torch import Tensor
 
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.fedavg import ADAPTER, collect_adapters, fit_round_result
+from fedtune.algorithms.local import fit_reply, train_selected
 from fedtune.algorithms.registry import register
 from fedtune.config import FedBiOTConfig
 from fedtune.data.loaders import load_dataset_records
@@ -577,7 +578,6 @@ class FedBiOT(Algorithm):
     def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
         from fedtune.data.tokenize import encode_records as encode
         from fedtune.models.loading import load_tokenizer
-        from fedtune.train.sft import local_sft
 
         split = _split_from_layout(msg)
         model = self._client_model(ctx, msg, split)
@@ -596,29 +596,15 @@ class FedBiOT(Algorithm):
             f"fedbiot/examples/{ctx.client_id}",
             lambda: encode(ctx.data, tokenizer, data_cfg.template, data_cfg.max_length),
         )
-        set_trainable(model, params)
-        result = local_sft(
+        result = train_selected(
+            ctx,
             model,
+            params,
             examples,
-            ctx.cfg.train,
             pad_token_id=int(tokenizer.pad_token_id or 0),
-            seed=derive_seed(ctx.cfg.seed, ctx.rnd, ctx.client_id),
-            rnd=ctx.rnd,
-            rounds=ctx.cfg.fed.rounds,
-            bucketing=data_cfg.length_bucketing,
             prox_mu=self.section.prox_eps,
-            report=ctx.report,
         )
-        set_trainable(model, {})
-        reply: Payload = {ADAPTER + k: p.detach().float().cpu().numpy().copy() for k, p in params.items()}
-        reply.update(
-            num_examples=len(ctx.data),
-            trained_examples=int(result.num_examples),
-            train_loss=float(result.loss),
-            tokens=int(result.tokens),
-            peak_mem_mb=float(result.peak_mem_mb),
-        )
-        return reply
+        return fit_reply(ctx, params, result, ADAPTER)
 
     # ------------------------------------------------------------------- eval
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:

@@ -69,12 +69,18 @@ def train_local(
     prox_reference: Mapping[str, torch.Tensor] | None = None,
     loss_fn: LossFn = sft_loss,
     report: Reporter | None = None,
+    grad_masks: Mapping[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Run ``steps`` optimizer steps of ``grad_accum`` micro-batches each, cycling ``batches``.
 
     The loss of an accumulation group is the token-weighted mean over its micro-batches, so
     accumulation gives the same gradient as one large batch. With ``prox_mu > 0`` the FedProx
     term mu/2 ||w - w_ref||^2 over the trainable parameters is added.
+
+    ``grad_masks`` maps trainable parameter names (as ``model.named_parameters()`` gives them) to
+    boolean tensors of the parameter's shape: entries outside a mask get a zero gradient (so clipping
+    and optimizer moments see only the trained entries) and are put back after every step, so no
+    optimizer term (weight decay, momentum) moves them either.
     """
     if not batches:
         raise ValueError("train_local got no batches")
@@ -82,6 +88,7 @@ def train_local(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    masks = _device_masks(trainable, grad_masks or {}, device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     model.train()
     start = time.perf_counter()
@@ -101,9 +108,11 @@ def train_local(
             num_examples += int(batch["input_ids"].shape[0])
         if prox_mu > 0 and prox_reference is not None:
             (prox_mu / 2 * proximal_term(trainable, prox_reference)).backward()
+        frozen = _mask_gradients(trainable, masks)
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(list(trainable.values()), clip_norm)
         optimizer.step()
+        _restore_frozen(trainable, masks, frozen)
         if scheduler is not None:
             scheduler.step()
         total_targets += group_targets
@@ -119,3 +128,43 @@ def train_local(
         seconds=time.perf_counter() - start,
         peak_mem_mb=_peak_memory_mb(device),
     )
+
+
+def _device_masks(
+    trainable: Mapping[str, torch.nn.Parameter], masks: Mapping[str, torch.Tensor], device: torch.device
+) -> dict[str, torch.Tensor]:
+    unknown = sorted(set(masks) - set(trainable))
+    if unknown:
+        raise KeyError(f"gradient mask for a parameter that does not train: {unknown[0]}")
+    result = {}
+    for name, mask in masks.items():
+        if tuple(mask.shape) != tuple(trainable[name].shape):
+            raise ValueError(
+                f"gradient mask of {name}: shape {tuple(mask.shape)} != {tuple(trainable[name].shape)}"
+            )
+        result[name] = mask.to(device=device, dtype=torch.bool)
+    return result
+
+
+def _mask_gradients(
+    trainable: Mapping[str, torch.nn.Parameter], masks: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Zero the gradient outside each mask; return the masked-out values to restore after the step."""
+    frozen = {}
+    for name, mask in masks.items():
+        param = trainable[name]
+        if param.grad is not None:
+            param.grad.mul_(mask)
+        frozen[name] = param.detach().clone()
+    return frozen
+
+
+def _restore_frozen(
+    trainable: Mapping[str, torch.nn.Parameter],
+    masks: Mapping[str, torch.Tensor],
+    frozen: Mapping[str, torch.Tensor],
+) -> None:
+    with torch.no_grad():
+        for name, mask in masks.items():
+            param = trainable[name]
+            param.copy_(torch.where(mask, param, frozen[name]))

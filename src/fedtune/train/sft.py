@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -24,14 +25,56 @@ def local_sft(
     bucketing: bool = True,
     prox_mu: float = 0.0,
     report: Reporter | None = None,
+    trainable: Mapping[str, torch.nn.Parameter] | None = None,
+    grad_masks: Mapping[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """``train.local_epochs`` epochs (or ``train.max_steps``) of SFT with a fresh optimizer.
 
+    ``trainable`` selects what trains (LoRA, whole layers, a head, any mix; default: whatever
+    already requires grad); the flags are restored afterwards. ``grad_masks`` (keyed by
+    ``model.named_parameters()`` names) limits training to chosen entries (``train_local``);
+    ``prox_mu`` adds the proximal term towards the starting point.
     ``seed`` fixes the batch order and every random op (dropout), so a resumed run repeats the
     exact same steps.
     """
     if not examples:
         raise ValueError("local_sft: this client has no training examples")
+    with only_trainable(model, trainable):
+        return _sft(
+            model, examples, train, pad_token_id, seed, rnd, rounds, bucketing, prox_mu, report, grad_masks
+        )
+
+
+@contextmanager
+def only_trainable(model: torch.nn.Module, params: Mapping[str, torch.nn.Parameter] | None) -> Iterator[None]:
+    """Exactly ``params`` require grad inside the block (None: leave the model as it is)."""
+    if params is None:
+        yield
+        return
+    before = [(p, p.requires_grad) for p in model.parameters()]
+    chosen = {id(p) for p in params.values()}
+    for p, _ in before:
+        p.requires_grad_(id(p) in chosen)
+    try:
+        yield
+    finally:
+        for p, flag in before:
+            p.requires_grad_(flag)
+
+
+def _sft(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    train: TrainConfig,
+    pad_token_id: int,
+    seed: int,
+    rnd: int,
+    rounds: int,
+    bucketing: bool,
+    prox_mu: float,
+    report: Reporter | None,
+    grad_masks: Mapping[str, torch.Tensor] | None,
+) -> TrainResult:
     torch.manual_seed(seed)
     epochs = max(1, int(-(-train.local_epochs // 1)))
     batches = [
@@ -77,4 +120,5 @@ def local_sft(
         prox_mu=prox_mu,
         prox_reference=reference,
         report=report,
+        grad_masks=grad_masks,
     )
