@@ -72,7 +72,7 @@ class Simulation:
     """One FedIT job (real server round, real client task minus training) over a shared model."""
 
     def __init__(self, cfg: Any, resources: Any, client_data: Mapping[str, list[Any]], workdir: Path) -> None:
-        from fedtune.algorithms.fedavg import FedIT
+        from fedtune.algorithms.fedit import FedIT
         from fedtune.fl.federation import ServerContext
         from fedtune.fl.simulation import InProcessFederation
 
@@ -133,7 +133,7 @@ def _per_call_ms(fn: Callable[[], object], repeats: int) -> float:
 
 def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats: int) -> dict[str, float]:
     """Milliseconds of each piece of the per-client path, timed alone (context for the totals)."""
-    from fedtune.algorithms.fedavg import ADAPTER, REPLY_SCALARS
+    from fedtune.algorithms.fedit import ADAPTER, REPLY_SCALARS
     from fedtune.fl.aggregate import weighted_average
     from fedtune.fl.payload import payload_nbytes
     from fedtune.fl.validation import ReplySpec, validate_reply
@@ -185,13 +185,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     num_clients = args.clients or (10 if args.smoke else 100)
     rounds = args.rounds or (1 if args.smoke else 3)
 
-    import fedtune.algorithms.fedavg as fedavg
+    import fedtune.algorithms.local as local_training
     from fedtune.data.builtin import load_builtin
     from fedtune.fl.checkpoint import save_checkpoint
     from fedtune.resources import Resources
 
-    real_local_sft = fedavg.local_sft
-    fedavg.local_sft = _no_training
+    real_local_sft = local_training.local_sft
+    local_training.local_sft = _no_training
     try:
         records = load_builtin("wordnet-instruct", "train")
         # Eight examples per client: enough for a realistic reply, cheap to tokenize in the warm-up round.
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         parts = breakdown(model, adapter, num_clients, repeats=10 if args.smoke else 40)
     finally:
-        fedavg.local_sft = real_local_sft
+        local_training.local_sft = real_local_sft
 
     ms = {name: 1000 * median(values) / num_clients for name, values in seconds.items()}
     yard_rss = base_rss + num_clients * per_client_full_mb

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import Record
 from fedtune.data.templates import build_prompt
 from fedtune.eval.evaluate import EvalResult, evaluate_lm
+
+if TYPE_CHECKING:
+    from fedtune.proxy.decode import ProxyTunedLM
 
 FEDBIOT_MODELS = ("full", "emulator")
 """FedBiOT's two final models: the adapter on the full model (AdapFu) or on the emulator (AdapEmu)."""
@@ -109,8 +112,6 @@ def generate_from_run(
     from fedtune.decode.generate import generate_texts
 
     if load_run_config(run_dir).algorithm == "fedpt":
-        from fedtune.proxy.decode import load_proxy_model
-
         proxy, cfg = load_proxy_model(run_dir, alpha)
         texts = prompts if raw else _templated(prompts, cfg, proxy.tokenizer)
         return proxy.generate(
@@ -129,3 +130,38 @@ def generate_from_run(
         top_p=top_p,
         seed=seed,
     )
+
+
+def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTunedLM, ExperimentConfig]:
+    """The proxy-tuned LM of a finished FedPT run, and the run's config.
+
+    ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
+    the config's ``fedpt.alpha``.
+    """
+    from fedtune.proxy.decode import ProxyTunedLM
+    from fedtune.proxy.source import LocalLogitSource
+
+    small, tokenizer, cfg = load_final_model(run_dir)
+    section = cfg.section("fedpt")
+    large = LocalLogitSource.load(
+        section.large_model,
+        dtype=section.large_dtype,
+        device=cfg.model.device,
+        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+        seed=cfg.seed,
+    )
+    if alpha is None:
+        alpha = _saved_alpha(run_dir / "artifacts" / "proxy.json", section.large_model)
+    return ProxyTunedLM(large, small, tokenizer, section.alpha if alpha is None else alpha), cfg
+
+
+def _saved_alpha(path: Path, large_model: str) -> float | None:
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("large_model", large_model) != large_model:
+        raise ValueError(
+            f"{path} was written for large model {saved['large_model']!r}, but the run's config "
+            f"names {large_model!r}"
+        )
+    return float(saved["alpha"])

@@ -1,14 +1,16 @@
 """The experiment config: one validated schema, YAML files plus dotted ``key=value`` overrides.
 
 Unknown keys are errors with a "did you mean"; wrong types name the full dotted key.
-Each algorithm has its own section (``fedit:`` ...); ``algorithm:`` picks which one runs.
+``algorithm:`` picks the method; its own section (``fedbiot:`` ...) is validated by the ``Config``
+class that the algorithm's module defines (``fedtune.plugins`` finds it), and a section of any other
+algorithm is an error.
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -20,6 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
+
+from fedtune.plugins import algorithm_class, algorithm_names
 
 
 class ConfigError(ValueError):
@@ -130,82 +135,11 @@ class EvalConfig(Section):
     extra_datasets: list[str] = []
 
 
-class FedITConfig(Section):
-    """FedIT = FedAvg of LoRA states weighted by example count; FedProx when ``prox_mu > 0``."""
+class AlgorithmConfig(Section):
+    """Base of an algorithm's own config section (``cfg.<algorithm name>``), defined in its module."""
 
-    prox_mu: float = Field(0.0, ge=0)
-    server_lr: float = Field(1.0, gt=0)
-
-
-class FedPTConfig(Section):
-    """FedPT: clients tune the small LM (``model``); the server proxy-tunes ``large_model`` with it.
-
-    ``distill: false`` is the FedAvg+PT baseline (no distillation step). ``alpha`` steers the
-    distillation teacher and decoding; at evaluation ``alpha_grid`` is searched on the validation
-    split (``alpha_search``) and the best value is used on the test sets.
-    """
-
-    large_model: str = "smollm2-135m-instruct"
-    large_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    distill: bool = True
-    alpha: float = Field(1.0, ge=0)
-    alpha_grid: list[float] = [1.0, 1.3, 1.5, 1.8, 2.0]
-    alpha_search: Literal["final", "every", "never"] = "final"
-    alpha_search_seeds: int = Field(1, ge=1)
-    alpha_search_examples: int | None = Field(None, ge=1)
-    kd_lambda: float = Field(0.1, ge=0, le=1)
-    kd_examples: int = Field(128, ge=1)
-    kd_batch_size: int = Field(16, ge=1)
-    kd_steps: int = Field(8, ge=1)
-    kd_optimizer: Literal["adamw", "sgd", "prodigy"] = "prodigy"
-    kd_lr: float = Field(1.0, gt=0)
-    kd_weight_decay: float = Field(0.01, ge=0)
-    kd_schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    # The distillation's own optimiser settings (the defaults are train's defaults, as before).
-    kd_betas: tuple[float, float] = (0.9, 0.999)
-    kd_momentum: float = Field(0.0, ge=0)
-    kd_warmup_ratio: float = Field(0.0, ge=0, lt=1)
-    kd_min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    kd_clip_norm: float | None = Field(1.0, gt=0)
-    teacher_cache: Literal["disk", "memory", "recompute"] = "disk"
-    teacher_dtype: Literal["fp16", "fp32"] = "fp16"
-    eval_small: bool = True
-
-
-class FedBiOTConfig(Section):
-    """FedBiOT and its baselines: clients tune an adapter on top of a layer-dropped emulator.
-
-    ``split: last`` is FedBiOT's LayerExtract (adapter = the last ``adapter_layers`` layers);
-    ``split: first_last`` is Offsite-tuning's / FedOT's (half of ``adapter_layers`` first, half last).
-    ``align_steps: 0`` keeps the emulator fixed after the initial distillation (Offsite-tuning, FedOT).
-    """
-
-    split: Literal["last", "first_last"] = "last"
-    adapter_layers: int = Field(2, ge=1)
-    dropout: float = Field(0.2, ge=0, lt=1)
-    adapter_mode: Literal["full", "lora"] = "full"
-    prox_eps: float = Field(0.5, ge=0)
-    align_lambda: float = Field(0.5, ge=0)
-    init_steps: int = Field(50, ge=0)
-    align_steps: int = Field(10, ge=0)
-    align_batch_size: int = Field(4, ge=1)
-    align_optimizer: Literal["sgd", "adamw"] = "sgd"
-    align_lr: float = Field(1e-3, gt=0)
-    align_clip_norm: float | None = Field(1.0, gt=0)
-    public_dataset: str | None = None
-    public_examples: int | None = Field(512, ge=1)
-    client_cache: Literal["auto", "memory", "disk"] = "auto"
-    # A directory shared by runs: the initial emulator distillation is kept there under the
-    # fingerprint of the settings it depends on, and reused by any run with the same settings.
-    init_cache: str | None = None
-
-    @model_validator(mode="after")
-    def _check_split(self) -> FedBiOTConfig:
-        if self.split == "first_last" and self.adapter_layers % 2:
-            raise ValueError(
-                "fedbiot.adapter_layers must be even with split first_last (half first, half last)"
-            )
-        return self
+    modes: ClassVar[tuple[str, ...]] = ("federated",)
+    """The ``fed.mode`` values the algorithm implements; any other is a config error before training."""
 
 
 class FlowerConfig(Section):
@@ -241,26 +175,46 @@ class ExperimentConfig(Section):
     train: TrainConfig = TrainConfig()
     fed: FedConfig = FedConfig()
     eval: EvalConfig = EvalConfig()
-    fedit: FedITConfig = FedITConfig()
-    fedpt: FedPTConfig = FedPTConfig()
     flower: FlowerConfig = FlowerConfig()
-    fedbiot: FedBiOTConfig = FedBiOTConfig()
+
+    # The running algorithm's own section is an extra attribute named after it (``cfg.fedbiot``),
+    # validated by that algorithm's ``Config`` class; no other algorithm's section is accepted.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_section(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        raw = dict(raw)
+        algorithm = raw.get("algorithm", cls.model_fields["algorithm"].default)
+        problems = _top_level_problems(raw, algorithm)
+        if problems:
+            raise _problems(problems)
+        section_class = algorithm_class(algorithm).Config
+        given = raw.get(algorithm)
+        if not isinstance(given, section_class):
+            try:
+                given = section_class.model_validate({} if given is None else given)
+            except ValidationError as exc:
+                lines = [_describe(err, "", f"{algorithm}.", section_class) for err in exc.errors()]
+                raise PydanticCustomError(
+                    CONFIG_PROBLEMS, "{problems}", {"problems": "\n".join(lines)}
+                ) from None
+        raw[algorithm] = given
+        return raw
+
+    def section(self, name: str | None = None) -> Any:
+        """The running algorithm's config section (``name``, if given, must be that algorithm)."""
+        name = name or self.algorithm
+        extra = self.__pydantic_extra__ or {}
+        if name not in extra:
+            raise KeyError(f"no config section {name!r}: the run's algorithm is {self.algorithm!r}")
+        return extra[name]
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ExperimentConfig:
-        from fedtune.algorithms.registry import algorithm_names, get_algorithm
-
-        if self.algorithm not in algorithm_names():
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {algorithm_names()}")
-        for name in algorithm_names():
-            section = getattr(self, name, None)
-            if name != self.algorithm and isinstance(section, BaseModel) and section.model_fields_set:
-                key = f"{name}.{sorted(section.model_fields_set)[0]}"
-                raise ValueError(
-                    f"config key '{key}' belongs to algorithm '{name}', but algorithm is "
-                    f"'{self.algorithm}' (remove the '{name}' section or set algorithm: {name})"
-                )
-        modes = get_algorithm(self.algorithm).modes
+        modes = self.section().modes
         if self.fed.mode not in modes:
             raise ValueError(
                 f"fed.mode {self.fed.mode!r} is not supported by algorithm {self.algorithm!r}; "
@@ -284,11 +238,8 @@ class ExperimentConfig(Section):
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        """Every key with its value, but for other algorithms' sections (they would not validate)."""
-        data = self.model_dump(mode="json", by_alias=True)
-        for name in _other_algorithm_sections(data):
-            del data[name]
-        return data
+        """Every key with its value, the running algorithm's section included."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
 _SECTIONS = {
@@ -296,6 +247,42 @@ _SECTIONS = {
     for name, field in ExperimentConfig.model_fields.items()
     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
 }
+_TOP_LEVEL = {field.alias or name for name, field in ExperimentConfig.model_fields.items()}
+CONFIG_PROBLEMS = "fedtune_config"
+
+
+def _problems(lines: list[str]) -> PydanticCustomError:
+    """Config problems found outside pydantic's own checks, reported through its error list."""
+    return PydanticCustomError(CONFIG_PROBLEMS, "{problems}", {"problems": "\n".join(lines)})
+
+
+def _top_level_problems(raw: dict[str, Any], algorithm: Any) -> list[str]:
+    """Unknown top-level keys, an unknown algorithm, and sections of algorithms that are not running."""
+    names = algorithm_names()
+    problems = []
+    if algorithm not in names:
+        close = difflib.get_close_matches(str(algorithm), names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        problems.append(
+            f"config key 'algorithm': unknown algorithm {algorithm!r}{hint}; registered: {', '.join(names)}"
+        )
+    for key in raw:
+        if key in _TOP_LEVEL or key == algorithm:
+            continue
+        section = raw[key]
+        if key in names:
+            field = sorted(section)[0] if isinstance(section, dict) and section else None
+            shown = f"{key}.{field}" if field else key
+            problems.append(
+                f"config key '{shown}' belongs to algorithm '{key}', but algorithm is "
+                f"'{algorithm}' (remove the '{key}' section or set algorithm: {key})"
+            )
+            continue
+        choices = [*_known_keys(ExperimentConfig), *names]
+        suggestion = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean '{suggestion[0]}'?)" if suggestion else ""
+        problems.append(f"unknown config key '{key}'{hint}")
+    return problems
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -309,20 +296,26 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _describe(error: Any, source: str) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "<root>"
+def _describe(error: Any, source: str, prefix: str = "", schema: type[BaseModel] | None = None) -> str:
+    """One validation error as ``source: config key 'dotted.key': what is wrong`` (lines, if several)."""
+    lead = f"{source}: " if source else ""
+    if error["type"] == CONFIG_PROBLEMS:
+        return "\n".join(lead + line for line in str(error["msg"]).splitlines())
+    key = prefix + (".".join(str(part) for part in error["loc"]) or "<root>")
     if error["type"] == "extra_forbidden":
-        suggestion = difflib.get_close_matches(key, _known_keys(ExperimentConfig), n=1, cutoff=0.6)
+        known = _known_keys(schema or ExperimentConfig, prefix)
+        suggestion = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f" (did you mean '{suggestion[0]}'?)" if suggestion else ""
-        return f"{source}: unknown config key '{key}'{hint}"
+        return f"{lead}unknown config key '{key}'{hint}"
     got = error.get("input")
     shown = "" if isinstance(got, dict) else f", got {got!r}"
-    return f"{source}: config key '{key}': {error['msg']}{shown}"
+    return f"{lead}config key '{key}': {error['msg']}{shown}"
 
 
 def validate_config(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
     """The validated config; a section set to null (``fedpt=null`` on the command line) is dropped."""
-    raw = {key: value for key, value in raw.items() if not (value is None and key in _SECTIONS)}
+    sections = _SECTIONS | set(algorithm_names())
+    raw = {key: value for key, value in raw.items() if not (value is None and key in sections)}
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
@@ -377,8 +370,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 
 def _other_algorithm_sections(raw: dict[str, Any]) -> list[str]:
-    from fedtune.algorithms.registry import algorithm_names
-
     running = raw.get("algorithm", ExperimentConfig.model_fields["algorithm"].default)
     return [name for name in algorithm_names() if name != running and name in raw]
 

@@ -90,7 +90,7 @@ def test_standalone_with_sampling_starts_new_clients_from_the_initial_adapter(tm
 
 
 def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path) -> None:
-    from fedtune.algorithms.fedavg import FedIT
+    from fedtune.algorithms.fedit import evaluate_adapter
 
     cfg = tiny_config("fedit", "fed.mode=standalone", "fed.rounds=1")
     history = quiet_runner(cfg, tmp_path / "run").run()
@@ -101,8 +101,7 @@ def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path)
     from fedtune.runner import prepare_data
 
     records = prepare_data(cfg).eval_records
-    algorithm = FedIT(cfg)
-    per_client = [algorithm._evaluate_adapter(s["adapter"], resources, records, 1) for s in states.values()]
+    per_client = [evaluate_adapter(cfg, resources, s["adapter"], records, 1) for s in states.values()]
     expected = sum(r.metrics["perplexity"] for r in per_client) / len(per_client)
     assert history[1]["eval"]["perplexity"] == pytest.approx(expected, rel=1e-9)
     assert history[1]["eval"]["perplexity"] != pytest.approx(history[0]["eval"]["perplexity"])

@@ -87,7 +87,7 @@ def test_every_algorithm_declares_the_modes_it_supports() -> None:
     from fedtune.algorithms.registry import algorithm_names, get_algorithm
 
     for name in algorithm_names():
-        modes = get_algorithm(name).modes
+        modes = get_algorithm(name).Config.modes
         assert "federated" in modes and set(modes) <= {"federated", "standalone", "centralized"}
 
 
@@ -125,7 +125,9 @@ def test_a_run_config_written_with_every_section_still_loads(tmp_path: Path) -> 
 def test_a_section_set_to_null_is_dropped(tmp_path: Path) -> None:
     path = write(tmp_path, "algorithm: fedpt\nfedpt:\n  alpha: 1.5\n")
     cfg = load_config(path, ["algorithm=fedit", "fedpt=null"])
-    assert cfg.algorithm == "fedit" and cfg.fedpt.alpha == 1.0
+    assert cfg.algorithm == "fedit" and cfg.section().prox_mu == 0.0
+    with pytest.raises(KeyError, match="no config section 'fedpt'"):
+        cfg.section("fedpt")
 
 
 @pytest.mark.parametrize("override", ["fed.rounds=true", "train.batch_size=false", "train.lr=true"])
@@ -144,3 +146,40 @@ def test_clients_per_round_above_the_number_of_clients_is_an_error(tmp_path: Pat
         ConfigError, match=r"fed.clients_per_round = 9 is larger than data.partition.num_clients"
     ):
         load_config(write(tmp_path, ""), ["fed.clients_per_round=9"])
+
+
+def test_an_algorithm_section_gets_the_same_key_checks(tmp_path: Path) -> None:
+    path = write(tmp_path, "algorithm: fedbiot\nfedbiot:\n  dropuot: 0.3\n")
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'fedbiot.dropuot' \(did you mean 'fedbiot.dropout'"
+    ):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"config key 'fedbiot.dropout': .*less than 1"):
+        load_config(write(tmp_path, "algorithm: fedbiot\nfedbiot:\n  dropout: 1.5\n"))
+    with pytest.raises(ConfigError, match=r"unknown config key 'fedbiott' \(did you mean 'fedbiot'"):
+        load_config(write(tmp_path, "algorithm: fedit\nfedbiott: {}\n"))
+
+
+def test_the_running_algorithms_section_is_validated_by_its_own_config_class() -> None:
+    from fedtune.algorithms.fedbiot import FedBiOTConfig
+
+    cfg = validate_config({"algorithm": "fedbiot", "fedbiot": {"dropout": 0.5}})
+    assert isinstance(cfg.section(), FedBiOTConfig) and cfg.fedbiot.dropout == 0.5
+    assert cfg.to_yaml_dict()["fedbiot"]["dropout"] == 0.5
+    assert "fedpt" not in cfg.to_yaml_dict()
+
+
+def test_an_algorithm_registered_at_run_time_brings_its_section(tmp_path: Path) -> None:
+    from fedtune.algorithms.fedavgm import FedAvgM, FedAvgMConfig
+    from fedtune.plugins import register
+
+    class Lookahead(FedAvgMConfig):
+        steps: int = 2
+
+    @register
+    class FedLookahead(FedAvgM):
+        name = "fedlookahead"
+        Config = Lookahead  # type: ignore[assignment]
+
+    cfg = validate_config({"algorithm": "fedlookahead", "fedlookahead": {"steps": 3}})
+    assert cfg.section().steps == 3 and cfg.section().momentum == 0.9

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 import fedtune.artifacts as artifacts
+from fedtune.artifacts import load_proxy_model
 from fedtune.config import dump_config, load_config
 from fedtune.decode.generate import (
     StepFn,
@@ -32,7 +33,6 @@ from fedtune.proxy import (
     LogitSource,
     ProxyTunedLM,
     VocabMismatch,
-    load_proxy_model,
     proxy_logits,
     shared_vocab_size,
 )

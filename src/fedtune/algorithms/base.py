@@ -7,12 +7,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-from pydantic import BaseModel
 
-from fedtune.config import ExperimentConfig
+from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
@@ -33,13 +32,19 @@ class RoundResult:
     trained_examples: int | None = None
 
 
-class Algorithm(ABC):
-    """A federated method: client tasks plus the server's side of each round."""
+SectionT = TypeVar("SectionT", bound=AlgorithmConfig)
+
+
+class Algorithm(ABC, Generic[SectionT]):
+    """A federated method: client tasks plus the server's side of each round.
+
+    ``Config`` validates the method's own section ``cfg.<name>`` and declares the ``fed.mode``
+    values it implements (``Config.modes``). Methods are found by name through the entry-point group
+    ``fedtune.algorithms`` (``fedtune.plugins``).
+    """
 
     name: ClassVar[str]
-    Config: ClassVar[type[BaseModel]]
-    modes: ClassVar[tuple[str, ...]] = ("federated",)
-    """The ``fed.mode`` values this method implements; any other is a config error before training."""
+    Config: ClassVar[type[AlgorithmConfig]]
     resends_after_restart: ClassVar[tuple[str, ...]] = ()
     """Metric keys that legitimately grow in the first round after a resume: an algorithm whose clients
     cache what they received (FedBiOT's emulator) sends it again to clients restarted with the server."""
@@ -48,9 +53,10 @@ class Algorithm(ABC):
         self.cfg = cfg
 
     @property
-    def section(self) -> Any:
+    def section(self) -> SectionT:
         """This algorithm's own config section (``cfg.<name>``)."""
-        return getattr(self.cfg, self.name)
+        section: SectionT = self.cfg.section(self.name)
+        return section
 
     @abstractmethod
     def client_tasks(self) -> dict[str, ClientTask]: ...

@@ -74,4 +74,3 @@ def fit_reply(
         peak_mem_mb=float(result.peak_mem_mb),
     )
     return reply
-

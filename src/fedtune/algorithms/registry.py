@@ -1,39 +1,17 @@
-"""Algorithm registry: ``@register`` a class, look it up by its ``name``."""
+"""Typed access to the algorithms ``fedtune.plugins`` discovers (entry-point group ``fedtune.algorithms``)."""
 
 from __future__ import annotations
 
-import difflib
-import importlib
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
+
+from fedtune.plugins import algorithm_class, algorithm_names, register
 
 if TYPE_CHECKING:
     from fedtune.algorithms.base import Algorithm
 
-_REGISTRY: dict[str, type[Algorithm]] = {}
-_BUILTIN_MODULES = ("fedtune.algorithms.fedavg", "fedtune.algorithms.fedpt", "fedtune.algorithms.fedbiot")
-
-A = TypeVar("A", bound="type[Algorithm]")
-
-
-def register(cls: A) -> A:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_builtins() -> None:
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
-
-
-def algorithm_names() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+__all__ = ["algorithm_names", "get_algorithm", "register"]
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
-    _load_builtins()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise KeyError(f"unknown algorithm {name!r}{hint}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    cls: type[Algorithm] = algorithm_class(name)
+    return cls

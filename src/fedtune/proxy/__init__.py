@@ -1,7 +1,7 @@
 """Proxy-tuning: steer a black-box large LM with the logit difference of a tuned and an untuned small LM."""
 
 from fedtune.proxy.arith import proxy_logits
-from fedtune.proxy.decode import ProxyTunedLM, load_proxy_model
+from fedtune.proxy.decode import ProxyTunedLM
 from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.proxy.vocab import VocabMismatch, shared_vocab_size
 
@@ -10,7 +10,6 @@ __all__ = [
     "LogitSource",
     "ProxyTunedLM",
     "VocabMismatch",
-    "load_proxy_model",
     "proxy_logits",
     "shared_vocab_size",
 ]

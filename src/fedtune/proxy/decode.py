@@ -16,9 +16,7 @@ cannot mix in one batch (DoRA, merged adapters).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,12 +34,12 @@ from fedtune.decode.generate import (
     model_step_fn,
 )
 from fedtune.proxy.arith import proxy_logits
-from fedtune.proxy.source import LocalLogitSource, LogitSource
+from fedtune.proxy.source import LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
 from fedtune.train import losses
 
 if TYPE_CHECKING:
-    from fedtune.config import ExperimentConfig
+    pass
 
 SmallStepFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 """Like ``StepFn``, but returns the next-token logits of the tuned and the base small model."""
@@ -217,36 +215,3 @@ class ProxyTunedLM:
             return fresh(new_ids, attention_mask, position_ids)
 
         return step
-
-
-def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTunedLM, ExperimentConfig]:
-    """The proxy-tuned LM of a finished FedPT run, and the run's config.
-
-    ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
-    the config's ``fedpt.alpha``.
-    """
-    from fedtune.artifacts import load_final_model
-
-    small, tokenizer, cfg = load_final_model(run_dir)
-    large = LocalLogitSource.load(
-        cfg.fedpt.large_model,
-        dtype=cfg.fedpt.large_dtype,
-        device=cfg.model.device,
-        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
-        seed=cfg.seed,
-    )
-    if alpha is None:
-        alpha = _saved_alpha(run_dir / "artifacts" / "proxy.json", cfg.fedpt.large_model)
-    return ProxyTunedLM(large, small, tokenizer, cfg.fedpt.alpha if alpha is None else alpha), cfg
-
-
-def _saved_alpha(path: Path, large_model: str) -> float | None:
-    if not path.is_file():
-        return None
-    saved = json.loads(path.read_text())
-    if saved.get("large_model", large_model) != large_model:
-        raise ValueError(
-            f"{path} was written for large model {saved['large_model']!r}, but the run's config "
-            f"names {large_model!r}"
-        )
-    return float(saved["alpha"])

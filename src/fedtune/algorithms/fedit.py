@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.local import REPLY_SCALARS, fit_reply, train_selected
-from fedtune.algorithms.registry import register
-from fedtune.config import FedITConfig
+from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.data.tokenize import Example, encode_records
 from fedtune.eval.evaluate import EvalResult, evaluate_lm, mean_results
@@ -30,6 +30,7 @@ from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerC
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.lora import adapter_parameters, load_adapter
+from fedtune.resources import Resources
 
 ADAPTER = "adapter/"
 METRIC = "metric/"
@@ -97,6 +98,27 @@ def fit_adapter(ctx: ClientContext, adapter: Mapping[str, np.ndarray], prox_mu: 
     return fit_reply(ctx, params, result, ADAPTER)
 
 
+def evaluate_adapter(
+    cfg: ExperimentConfig,
+    resources: Resources,
+    adapter: Mapping[str, np.ndarray],
+    records: list[Record],
+    rnd: int,
+) -> EvalResult:
+    """``adapter`` on the run's base model, evaluated on ``records`` (sampling seeded by the round)."""
+    model, tokenizer = resources.lora_lm()
+    load_adapter(model, adapter)
+    return evaluate_lm(
+        model,
+        tokenizer,
+        records,
+        cfg.eval,
+        template=cfg.data.template,
+        max_length=cfg.data.max_length,
+        seed=derive_seed(cfg.seed, rnd, "eval"),
+    )
+
+
 def collect_adapters(
     algorithm: Algorithm,
     fed: Federation,
@@ -147,11 +169,18 @@ def fit_round_result(
     )
 
 
-@register
-class FedIT(Algorithm):
+class FedITConfig(AlgorithmConfig):
+    """FedIT = FedAvg of LoRA states weighted by example count; FedProx when ``prox_mu > 0``."""
+
+    modes = ("federated", "standalone", "centralized")
+
+    prox_mu: float = Field(0.0, ge=0)
+    server_lr: float = Field(1.0, gt=0)
+
+
+class FedIT(Algorithm[FedITConfig]):
     name = "fedit"
     Config = FedITConfig
-    modes = ("federated", "standalone", "centralized")
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -180,7 +209,7 @@ class FedIT(Algorithm):
             raise ValueError(f"client {ctx.client_id} holds no adapter to evaluate")
         records = evaluation_records(ctx, str(msg.get("eval_set", "")))
         rnd = int(msg["round"])
-        return result_payload(self._evaluate_adapter(adapter, ctx.resources, records, rnd))
+        return result_payload(evaluate_adapter(ctx.cfg, ctx.resources, adapter, records, rnd))
 
     def setup(self, server: ServerContext) -> None:
         self.global_adapter = dict(server.resources.initial_adapter())
@@ -212,22 +241,7 @@ class FedIT(Algorithm):
             replies = fed.call(holders, "evaluate", message)
             if replies:
                 return mean_results([payload_result(replies[cid]) for cid in holders if cid in replies])
-        return self._evaluate_adapter(self.global_adapter, server.resources, server.eval_records, rnd)
-
-    def _evaluate_adapter(
-        self, adapter: Mapping[str, np.ndarray], resources: Any, records: list[Record], rnd: int
-    ) -> EvalResult:
-        model, tokenizer = resources.lora_lm()
-        load_adapter(model, adapter)
-        return evaluate_lm(
-            model,
-            tokenizer,
-            records,
-            self.cfg.eval,
-            template=self.cfg.data.template,
-            max_length=self.cfg.data.max_length,
-            seed=derive_seed(self.cfg.seed, rnd, "eval"),
-        )
+        return evaluate_adapter(self.cfg, server.resources, self.global_adapter, server.eval_records, rnd)
 
     def final_adapter(self) -> dict[str, np.ndarray]:
         return self.global_adapter
