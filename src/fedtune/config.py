@@ -86,6 +86,9 @@ class DataConfig(Section):
     eval_dataset: str | None = None
     eval_split: str = "test"
     length_bucketing: bool = True
+    # With eval.personal: the fraction of each client's partition held out (seeded per client) for
+    # the client-side evaluation; the rest is what the client trains on.
+    holdout: float = Field(0.2, ge=0, lt=1)
     partition: PartitionConfig = PartitionConfig()
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
@@ -133,6 +136,10 @@ class EvalConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     seeds: int = Field(1, ge=1)
     extra_datasets: list[str] = []
+    # Client-side (personal) evaluation: every client evaluates its own model on its own held-out
+    # split (data.holdout) at every eval round; metrics personal/<name> (mean over clients),
+    # personal/<name>_weighted (by held-out size) and each client's own in eval_by_client.
+    personal: bool = False
 
 
 class AlgorithmConfig(Section):
@@ -140,6 +147,8 @@ class AlgorithmConfig(Section):
 
     modes: ClassVar[tuple[str, ...]] = ("federated",)
     """The ``fed.mode`` values the algorithm implements; any other is a config error before training."""
+    personal_eval: ClassVar[bool] = False
+    """Whether the algorithm has the client-side evaluation task (``eval.personal``)."""
 
 
 class FlowerConfig(Section):
@@ -214,7 +223,12 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ExperimentConfig:
-        modes = self.section().modes
+        section = self.section()
+        if self.eval.personal and not section.personal_eval:
+            raise ValueError(f"eval.personal: algorithm {self.algorithm!r} has no client-side evaluation")
+        if self.eval.personal and self.fed.mode == "centralized":
+            raise ValueError("eval.personal needs clients: fed.mode centralized has a single one")
+        modes = section.modes
         if self.fed.mode not in modes:
             raise ValueError(
                 f"fed.mode {self.fed.mode!r} is not supported by algorithm {self.algorithm!r}; "

@@ -26,7 +26,7 @@ from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.fingerprint import absolute_data_path, check_fingerprint, data_fingerprint
-from fedtune.data.partition import category_counts, partition_records
+from fedtune.data.partition import category_counts, holdout_split, partition_records
 from fedtune.data.records import DataError, Record
 from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
@@ -56,6 +56,8 @@ class RunData:
     public_records: list[Record]
     validation_records: list[Record] = field(default_factory=list)
     extra_eval: dict[str, list[Record]] = field(default_factory=dict)
+    client_eval: dict[str, list[Record]] = field(default_factory=dict)
+    """Each client's held-out split (``eval.personal``); empty otherwise."""
 
 
 FederationFactory = Callable[
@@ -119,7 +121,11 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
             min_partition_size=part.min_partition_size,
             seed=cfg.seed,
         )
-    return RunData(clients, eval_records, public, validation, extra)
+    client_eval: dict[str, list[Record]] = {}
+    if cfg.eval.personal:
+        for cid in list(clients):
+            clients[cid], client_eval[cid] = holdout_split(clients[cid], data.holdout, cfg.seed, cid)
+    return RunData(clients, eval_records, public, validation, extra, client_eval)
 
 
 DATA_FINGERPRINT = "data_fingerprint.json"
@@ -165,6 +171,8 @@ def _eval_row(result: EvalResult) -> dict[str, Any]:
     row: dict[str, Any] = {"eval": result.metrics}
     if result.by_category:
         row["eval_by_category"] = result.by_category
+    if result.by_client:
+        row["eval_by_client"] = result.by_client
     return row
 
 
@@ -304,6 +312,8 @@ class Runner:
             before_task=self.before_task,
             after_task=self.after_task,
             tap=self.tap,
+            client_eval=data.client_eval,
+            public=data.public_records,
         )
         return fed
 
@@ -355,6 +365,9 @@ class Runner:
     ) -> dict[str, Any]:
         progress.phase(f"r{rnd} evaluating")
         results = [algorithm.evaluate(rnd, server, fed)]
+        if self.cfg.eval.personal:
+            progress.phase(f"r{rnd} evaluating on the clients' held-out data")
+            results.append(algorithm.evaluate_clients(rnd, server, fed))
         primary = server.eval_records
         try:
             for name, records in server.extra_eval.items():

@@ -13,9 +13,21 @@ import numpy as np
 
 from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.errors import RunError
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, client_results, payload_result, result_payload
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
+from fedtune.fl.validation import ReplySpec
+
+PERSONAL_EVAL = "evaluate_personal"
+"""The client task of the client-side evaluation; its reply: ``result_payload`` + these scalars."""
+EVAL_EXAMPLES = "num_eval_examples"
+
+
+def personal_reply(result: EvalResult, num_examples: int, rnd: int) -> Payload:
+    """A client's reply to ``evaluate_personal``: its metrics, held-out size and the round."""
+    reply = result_payload(result)
+    reply.update({EVAL_EXAMPLES: int(num_examples), "round": int(rnd)})
+    return reply
 
 
 class RoundFailed(RunError):
@@ -75,6 +87,27 @@ class Algorithm(ABC, Generic[SectionT]):
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
+        """What each client needs for its client-side evaluation (``eval.personal``), e.g. the global
+        model for a method whose clients keep none; algorithms with ``Config.personal_eval`` override it
+        and provide the client task ``evaluate_personal``."""
+        raise NotImplementedError(f"algorithm {self.name!r} has no client-side evaluation")
+
+    def evaluate_clients(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+        """Client-side evaluation: every client evaluates its own model on its own held-out split and
+        replies with its metrics and held-out size; the server averages them (plain and weighted)."""
+        clients = fed.client_ids()
+        spec = ReplySpec(scalars={EVAL_EXAMPLES: int, "round": int})
+        replies = fed.call(
+            clients,
+            PERSONAL_EVAL,
+            self.personal_messages(rnd, clients),
+            timeout=self.cfg.fed.client_timeout,
+            expect=spec,
+        )
+        results = {cid: payload_result(reply) for cid, reply in replies.items()}
+        return client_results(results, {cid: int(reply[EVAL_EXAMPLES]) for cid, reply in replies.items()})
 
     def write_artifacts(self, directory: Path) -> None:
         """Write what decoding the final model needs beyond the adapter (called once, at the end)."""

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, derive_seed, personal_reply
 from fedtune.algorithms.local import REPLY_SCALARS, fit_reply, train_selected
 from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.data.tokenize import Example, encode_records
-from fedtune.eval.evaluate import EvalResult, evaluate_lm, mean_results
+from fedtune.eval.evaluate import EvalResult, evaluate_lm, mean_results, payload_result, result_payload
 from fedtune.fl.aggregate import server_step, weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -33,27 +33,6 @@ from fedtune.models.lora import adapter_parameters, load_adapter
 from fedtune.resources import Resources
 
 ADAPTER = "adapter/"
-METRIC = "metric/"
-CATEGORY = "category/"
-
-
-def result_payload(result: EvalResult) -> Payload:
-    """An evaluation result as scalars: ``metric/<name>`` and ``category/<metric>/<category>``."""
-    reply: Payload = {METRIC + name: float(value) for name, value in result.metrics.items()}
-    for metric, categories in result.by_category.items():
-        reply.update({f"{CATEGORY}{metric}/{cat}": float(value) for cat, value in categories.items()})
-    return reply
-
-
-def payload_result(reply: Payload) -> EvalResult:
-    """The inverse of ``result_payload``."""
-    metrics = {k[len(METRIC) :]: float(v) for k, v in reply.items() if k.startswith(METRIC)}
-    by_category: dict[str, dict[str, float]] = {}
-    for key, value in reply.items():
-        if key.startswith(CATEGORY):
-            metric, _, cat = key[len(CATEGORY) :].partition("/")
-            by_category.setdefault(metric, {})[cat] = float(value)
-    return EvalResult(metrics, by_category)
 
 
 def current_eval_set(server: ServerContext) -> str:
@@ -173,6 +152,7 @@ class FedITConfig(AlgorithmConfig):
     """FedIT = FedAvg of LoRA states weighted by example count; FedProx when ``prox_mu > 0``."""
 
     modes = ("federated", "standalone", "centralized")
+    personal_eval = True
 
     prox_mu: float = Field(0.0, ge=0)
     server_lr: float = Field(1.0, gt=0)
@@ -188,7 +168,7 @@ class FedIT(Algorithm[FedITConfig]):
         self.holders: set[str] = set()  # standalone: the clients that hold a personal adapter
 
     def client_tasks(self) -> dict[str, ClientTask]:
-        return {"fit": self._fit, "evaluate": self._evaluate_own}
+        return {"fit": self._fit, "evaluate": self._evaluate_own, PERSONAL_EVAL: self._evaluate_personal}
 
     def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
         adapter = arrays(msg, ADAPTER)
@@ -210,6 +190,28 @@ class FedIT(Algorithm[FedITConfig]):
         records = evaluation_records(ctx, str(msg.get("eval_set", "")))
         rnd = int(msg["round"])
         return result_payload(evaluate_adapter(ctx.cfg, ctx.resources, adapter, records, rnd))
+
+    def _evaluate_personal(self, ctx: ClientContext, msg: Payload) -> Payload:
+        """This client's model on its own held-out split: its own adapter in standalone mode (the
+        initial one, sent along, before it first trains), else the global adapter it was sent."""
+        adapter = arrays(msg, ADAPTER)
+        if self.cfg.fed.mode == "standalone":
+            adapter = ctx.state.get("adapter") or adapter
+        if not adapter:
+            raise ValueError(f"client {ctx.client_id} holds no adapter to evaluate and was sent none")
+        if not ctx.eval_data:
+            raise ValueError(f"client {ctx.client_id} has no held-out records (data.holdout, eval.personal)")
+        rnd = int(msg["round"])
+        result = evaluate_adapter(ctx.cfg, ctx.resources, adapter, ctx.eval_data, rnd)
+        return personal_reply(result, len(ctx.eval_data), rnd)
+
+    def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
+        if self.cfg.fed.mode != "standalone":
+            return {**self._broadcast(), "round": rnd}
+        messages: dict[str, Payload] = {}
+        for cid in clients:  # only a client without an adapter of its own needs the initial one
+            messages[cid] = {"round": rnd} if cid in self.holders else {**self._broadcast(), "round": rnd}
+        return messages
 
     def setup(self, server: ServerContext) -> None:
         self.global_adapter = dict(server.resources.initial_adapter())

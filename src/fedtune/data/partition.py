@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 
 import datasets
+import numpy as np
 from flwr_datasets.partitioner import (
     DirichletPartitioner,
     IidPartitioner,
@@ -131,3 +133,22 @@ def partition_records(
 def category_counts(parts: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
     """Client id -> category -> number of records (the partition table)."""
     return {cid: dict(sorted(Counter(rec.category for rec in part).items())) for cid, part in parts.items()}
+
+
+def holdout_split(
+    records: Sequence[Record], fraction: float, seed: int, client: str
+) -> tuple[list[Record], list[Record]]:
+    """A client's partition split into (training, held-out) records, seeded by (seed, client).
+
+    ``round(fraction * n)`` records are held out, at least one when ``fraction > 0`` and at most
+    ``n - 1`` (a client always keeps something to train on); both parts keep the partition's order.
+    """
+    if not 0 <= fraction < 1:
+        raise ValueError(f"data.holdout must be in [0, 1), got {fraction}")
+    count = len(records)
+    held = 0 if fraction == 0 or count < 2 else min(count - 1, max(1, round(fraction * count)))
+    rng = np.random.default_rng([seed, zlib.crc32(client.encode()), 0x40])
+    chosen = set(rng.choice(count, size=held, replace=False).tolist()) if held else set()
+    train = [r for i, r in enumerate(records) if i not in chosen]
+    evaluation = [r for i, r in enumerate(records) if i in chosen]
+    return train, evaluation

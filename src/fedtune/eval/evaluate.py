@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from fedtune.data.templates import TemplateName, build_prompt
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.decode.generate import generate_texts
 from fedtune.eval.runner import perplexity, score_generations
+from fedtune.fl.payload import Payload
 
 GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1")
 
@@ -25,6 +26,8 @@ class EvalResult:
     metrics: dict[str, float]
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)
     samples: list[dict[str, str]] = field(default_factory=list)
+    by_client: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Client-side evaluation: each client's own metrics (``eval_by_client`` in metrics.jsonl)."""
 
 
 GenerateFn = Callable[[Sequence[str], int], list[str]]
@@ -128,7 +131,56 @@ def merge_results(*results: EvalResult) -> EvalResult:
         merged.metrics.update(result.metrics)
         merged.by_category.update(result.by_category)
         merged.samples = merged.samples or result.samples
+        merged.by_client.update(result.by_client)
     return merged
+
+
+METRIC = "metric/"
+CATEGORY = "category/"
+
+
+def result_payload(result: EvalResult) -> Payload:
+    """An evaluation result as scalars: ``metric/<name>`` and ``category/<metric>/<category>``."""
+    reply: Payload = {METRIC + name: float(value) for name, value in result.metrics.items()}
+    for metric, categories in result.by_category.items():
+        reply.update({f"{CATEGORY}{metric}/{cat}": float(value) for cat, value in categories.items()})
+    return reply
+
+
+def payload_result(reply: Mapping[str, Any]) -> EvalResult:
+    """The inverse of ``result_payload``."""
+    metrics = {k[len(METRIC) :]: float(v) for k, v in reply.items() if k.startswith(METRIC)}
+    by_category: dict[str, dict[str, float]] = {}
+    for key, value in reply.items():
+        if key.startswith(CATEGORY):
+            metric, _, cat = key[len(CATEGORY) :].partition("/")
+            by_category.setdefault(metric, {})[cat] = float(value)
+    return EvalResult(metrics, by_category)
+
+
+def client_results(
+    results: Mapping[str, EvalResult], weights: Mapping[str, int], prefix: str = "personal/"
+) -> EvalResult:
+    """Per-client results aggregated: ``<prefix><m>`` is the mean over clients, ``<prefix><m>_weighted``
+    the mean weighted by ``weights`` (e.g. held-out sizes); ``by_client`` keeps each client's own.
+
+    Only metrics every client reported are aggregated (a client may lack e.g. a generation metric).
+    """
+    if not results:
+        return EvalResult({})
+    clients = sorted(results)
+    shared = set.intersection(*(set(results[c].metrics) for c in clients))
+    total = sum(weights[c] for c in clients)
+    metrics: dict[str, float] = {}
+    for name in sorted(shared):
+        values = [results[c].metrics[name] for c in clients]
+        metrics[prefix + name] = float(np.mean(values))
+        if total > 0:
+            metrics[f"{prefix}{name}_weighted"] = float(
+                sum(weights[c] * v for c, v in zip(clients, values, strict=True)) / total
+            )
+    by_client = {c: dict(results[c].metrics) for c in clients}
+    return EvalResult(metrics, by_client=by_client)
 
 
 def mean_results(results: Sequence[EvalResult]) -> EvalResult:

@@ -28,7 +28,9 @@ def no_report(step: int, total: int, loss: float | None) -> None:
 
 @dataclass
 class ClientContext:
-    """Everything a client task may use. ``data`` never leaves the client; ``state`` persists."""
+    """Everything a client task may use. ``data`` (the client's training records) and ``eval_data``
+    (its held-out split, with ``eval.personal``) never leave the client; ``state`` persists;
+    ``public`` is the public split every party may read (for methods that compute outputs on it)."""
 
     client_id: str
     cfg: ExperimentConfig
@@ -38,6 +40,8 @@ class ClientContext:
     workdir: Path
     rnd: int = 0
     report: StepReporter = no_report
+    eval_data: list[Record] = field(default_factory=list)
+    public: list[Record] = field(default_factory=list)
 
 
 ClientTask = Callable[[ClientContext, Payload], Payload]

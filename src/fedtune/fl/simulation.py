@@ -44,8 +44,12 @@ class InProcessFederation:
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
         tap: TapHook | None = None,
+        client_eval: Mapping[str, list[Record]] | None = None,
+        public: list[Record] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.client_eval = dict(client_eval or {})
+        self.public = list(public or [])
         self.tasks = dict(tasks)
         self.client_data = dict(client_data)
         self.resources = resources
@@ -81,6 +85,8 @@ class InProcessFederation:
             state=self.states[client],
             workdir=self.workdir / "clients" / client,
             rnd=self.rnd,
+            eval_data=self.client_eval.get(client, []),
+            public=self.public,
         )
         if report is not None:
             ctx.report = report

@@ -17,7 +17,7 @@ import importlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ class NodeRuntime:
     resources: Any
     workdir: Path
     tasks: dict[str, Any]
+    eval_data: list[Any] = field(default_factory=list)
+    public: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -86,22 +88,30 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
     partition = int(node_config["partition-id"])
     if "cache-dir" in node_config:
         cfg.model.cache_dir = str(node_config["cache-dir"])
-    partitions = prepare_data(cfg).clients
+    run_data = prepare_data(cfg)
+    partitions = run_data.clients
     client_ids = list(partitions)
     if not 0 <= partition < len(client_ids):
         raise ValueError(f"partition-id {partition} is outside 0..{len(client_ids) - 1}")
     client_id = client_ids[partition]
     data = partitions[client_id]
+    eval_data = run_data.client_eval.get(client_id, [])
     if "data-path" in node_config:
         from fedtune.data.loaders import load_dataset_records
+        from fedtune.data.partition import holdout_split
 
         data = load_dataset_records(
             str(node_config["data-path"]), "train", format=cfg.data.format, schema=cfg.data.schema_
         )
+        if cfg.eval.personal:
+            data, eval_data = holdout_split(data, cfg.data.holdout, cfg.seed, client_id)
     default_root = Path.home() / ".cache" / "fedtune" / "flower" / cfg.name
     root = Path(str(node_config.get("workdir", default_root))).expanduser()
     tasks = get_algorithm(cfg.algorithm)(cfg).client_tasks()
-    return NodeRuntime(cfg, client_id, data, Resources(cfg), root / "clients" / client_id, tasks)
+    workdir = root / "clients" / client_id
+    return NodeRuntime(
+        cfg, client_id, data, Resources(cfg), workdir, tasks, eval_data, run_data.public_records
+    )
 
 
 def _hook(variable: str) -> Any:
@@ -128,6 +138,8 @@ def execute(
         state=load_state(runtime.workdir, rnd) if state is None else state,
         workdir=runtime.workdir,
         rnd=rnd,
+        eval_data=runtime.eval_data,
+        public=runtime.public,
     )
     had_state = had_state or bool(ctx.state)
     try:

@@ -1,0 +1,46 @@
+"""Client-side evaluation pieces on fixed inputs: the held-out split and the aggregation."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedtune.data.partition import holdout_split
+from fedtune.data.records import Record
+from fedtune.eval.evaluate import EvalResult, client_results, payload_result, result_payload
+
+
+def records(n: int) -> list[Record]:
+    return [Record(f"q{i}", f"a{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("n", "fraction", "held"), [(10, 0.2, 2), (3, 0.2, 1), (2, 0.9, 1), (1, 0.5, 0), (7, 0.0, 0)]
+)
+def test_holdout_sizes(n: int, fraction: float, held: int) -> None:
+    train, evaluation = holdout_split(records(n), fraction, seed=0, client="c00")
+    assert len(evaluation) == held and len(train) == n - held
+    assert sorted(r.instruction for r in train + evaluation) == sorted(r.instruction for r in records(n))
+
+
+def test_holdout_is_seeded_by_seed_and_client() -> None:
+    first = holdout_split(records(50), 0.2, seed=0, client="c00")[1]
+    assert first == holdout_split(records(50), 0.2, seed=0, client="c00")[1]
+    assert first != holdout_split(records(50), 0.2, seed=1, client="c00")[1]
+    assert first != holdout_split(records(50), 0.2, seed=0, client="c01")[1]
+
+
+def test_client_results_plain_and_weighted_means() -> None:
+    results = {
+        "c0": EvalResult({"perplexity": 10.0, "rougeL": 0.2}),
+        "c1": EvalResult({"perplexity": 20.0}),
+    }
+    merged = client_results(results, {"c0": 1, "c1": 3})
+    assert merged.metrics == {"personal/perplexity": 15.0, "personal/perplexity_weighted": 17.5}
+    assert merged.by_client == {"c0": {"perplexity": 10.0, "rougeL": 0.2}, "c1": {"perplexity": 20.0}}
+    assert client_results({}, {}).metrics == {}
+
+
+def test_result_payload_round_trip() -> None:
+    result = EvalResult({"rougeL": 0.5}, {"rougeL": {"nouns": 0.25, "verbs": 0.75}})
+    back = payload_result(result_payload(result))
+    assert back.metrics == result.metrics and back.by_category == result.by_category
