@@ -199,7 +199,7 @@ def test_restarted_client_process(cache: str, tmp_path: Path) -> None:
 
     first = algorithm._message(client, emulator, split)
     algorithm._fit(context(Resources(cfg)), first)
-    algorithm.sent[client] = (algorithm.frozen_version, algorithm.emulator_version)
+    algorithm.broadcast.delivered([client])
     lean = algorithm._message(client, emulator, split)
     assert not any(k.startswith(("emulator/", "frozen/")) for k in lean)
     fresh = Resources(cfg)  # a new client process: nothing in memory
@@ -227,7 +227,7 @@ def test_runs_on_other_decoder_families(arch: str, tmp_path: Path) -> None:
 def test_initial_distillation_is_shared_through_init_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fedtune.algorithms.fedbiot as fedbiot
+    import fedtune.algorithms.fedbiot.algorithm as fedbiot
 
     calls: list[int] = []
     align = fedbiot.align_emulator
@@ -256,7 +256,7 @@ def test_initial_distillation_is_shared_through_init_cache(
 
 
 def test_client_model_is_placed_on_model_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedtune.algorithms import fedbiot
+    import fedtune.algorithms.fedbiot.algorithm as fedbiot
 
     asked: list[str] = []
 

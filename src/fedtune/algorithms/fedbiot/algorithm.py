@@ -1,53 +1,4 @@
-"""FedBiOT (bi-level offsite tuning), with Offsite-tuning and FedOT as settings of the same algorithm.
-
-The server holds the LLM and never sends it. LayerExtract (`fedtune.models.surgery`) splits its n
-decoder layers into an adapter A (the last s layers) and the non-compressed emulator E* (the rest);
-the emulator E keeps ``floor((1 - d)(n - s))`` of E*'s layers at a uniform stride. Clients receive the
-emulator model = embeddings + E + A + final norm + head, and train only A.
-
-- **Setup**: E is distilled for ``init_steps`` (I_0) steps of eq. (2) on the public set.
-- **Round t**: the server first takes ``align_steps`` (E) more steps of eq. (2) with the current adapter
-  -- normalised hidden-state MSE between E's and E*'s outputs on the same input
-  (``||E(h) - E*(h)||^2 / ||E*(h)||^2``) + ``align_lambda`` x KL(M(x; A, E*) || M(x; A, E)) over
-  every non-pad position; only E trains (SGD by default, as the paper). It then sends each sampled
-  client the adapter, plus the emulator if that client does not hold the current version, plus the
-  frozen parts (embeddings, norm, head; in LoRA mode the adapter layers' base weights) on first
-  contact. Clients run ``train.max_steps`` (K) local steps on the adapter with the proximal term
-  ``prox_eps`` (the gradient of eps/2 ||w_A - w_A^(t)||^2 is eq. (1)'s eps (w_A - w_A^(t))) and reply
-  with it; the server averages adapters weighted by example count (the paper's p_m).
-- **Evaluation**: both outputs at every eval round: AdapEmu (A + E, metric prefix ``adapemu/``) and
-  AdapFu (A + E*, i.e. the adapter plugged back into the full model, prefix ``adapfu/``).
-
-Baselines: **FedOT** = ``split: first_last`` (adapter = first 2 + last 2 layers), ``align_steps: 0``
-(emulator fixed after the initial distillation), ``prox_eps: 0``; **Offsite-tuning** = FedOT with
-``fed.mode: centralized`` (one client holding all data).
-
-Adapter training is the full adapter layers (paper) or LoRA on them (``adapter_mode: lora``).
-Weights travel keyed by their layer's *original* index, so the traffic shows which layers leave the
-server; a dropped E* layer never does (asserted on the wire by the tests).
-
-Choices where the paper is silent, and deviations:
-- The public set defaults to the training dataset's ``public`` split; ``public_dataset`` names another
-  built-in (the paper distils on Alpaca for every task; our configs use ``wordnet-instruct``, a
-  general instruction set, likewise shifted from the math and code tasks).
-- The KL and MSE terms are averaged over all non-pad positions of a public batch (public data may be
-  unlabelled); the MSE is normalised by the teacher's mean square as METHODS.md specifies, the KL is
-  the forward KL from the full model's distribution, as METHODS.md orders it.
-- The initial (I_0-step) distillation runs with the initial adapter (the pretrained layers) and is
-  cached under ``<run>/fedbiot/`` with a fingerprint, so resuming does not repeat it; ``init_cache``
-  names a directory where runs with the same fingerprint (e.g. Offsite-tuning and FedOT, or an eps
-  sweep) share it.
-- The server does not checkpoint which emulator version each client holds: after a resume every client
-  receives the emulator again on first contact (weights and metrics are unchanged; bytes of that round
-  are higher). Clients keep received weights in process memory, or also on their own disk
-  (``client_cache: disk``; ``auto`` = disk on Flower, whose ClientApp process lives for one message)
-  so a restarted client process need not be re-sent what it has.
-- A client whose task fails is assumed to hold nothing; the next time it is sampled it gets everything.
-- The alignment (eq. 2) runs student and teacher without dropout (eval mode), so the student matches
-  the same deterministic function it is compared with; gradients are clipped at ``align_clip_norm``.
-  The per-round alignment keeps one optimizer for the whole run (checkpointed, so resume is exact);
-  the initial distillation has its own.
-"""
+"""The FedBiOT algorithm class: server setup and rounds, the client task, evaluation, state."""
 
 from __future__ import annotations
 
@@ -55,235 +6,59 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
-from torch import Tensor
 
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.fedbiot.config import FedBiOTConfig
+from fedtune.algorithms.fedbiot.maths import (
+    AlignStats,
+    Batch,
+    adapter_filter,
+    align_emulator,
+    emulator_parameters,
+    frozen_parameters,
+    make_split,
+)
+from fedtune.algorithms.fedbiot.wire import EMULATOR, FROZEN, layout_payload, split_from_layout
 from fedtune.algorithms.fedit import ADAPTER, collect_adapters, fit_round_result
 from fedtune.algorithms.local import fit_reply, train_selected
-from fedtune.config import AlgorithmConfig
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, evaluate_lm, merge_results, prefixed
 from fedtune.fl.aggregate import weighted_average
+from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, load_npz, receive_part, save_npz
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays, payload_nbytes
 from fedtune.models.loading import resolve_device
 from fedtune.models.lora import attach_lora, default_targets
 from fedtune.models.surgery import (
     LayerSplit,
-    ParamFilter,
-    all_params,
     build_emulator,
-    layer_extract,
     layer_parameters,
     layer_state,
     load_layer_state,
     load_parameters,
-    lora_params,
     lora_target_regex,
-    non_layer_parameters,
     num_decoder_layers,
-    offsite_split,
     set_trainable,
     unwrap,
 )
-from fedtune.train.losses import PLAIN_HEAD_FAMILIES, emulator_alignment_loss
 from fedtune.train.optim import build_optimizer, optimizer_state_from_tree, optimizer_state_to_tree
 from fedtune.units import BYTES_PER_MB
-
-FROZEN = "frozen/"
-EMULATOR = "emulator/"
-LAYOUT = "layout/"
-Batch = dict[str, Tensor]
-
-
-class ClientCacheMiss(RuntimeError):
-    """The server assumed the client holds weights that it does not (a restarted client process)."""
-
-
-def make_split(section: FedBiOTConfig, num_layers: int) -> LayerSplit:
-    if section.split == "last":
-        return layer_extract(num_layers, section.adapter_layers, section.dropout)
-    half = section.adapter_layers // 2
-    return offsite_split(num_layers, section.dropout, bottom=half, top=half)
-
-
-def adapter_filter(mode: str) -> ParamFilter:
-    return lora_params if mode == "lora" else all_params
-
-
-def frozen_parameters(model: torch.nn.Module, split: LayerSplit, mode: str) -> dict[str, torch.nn.Parameter]:
-    """What never trains: embeddings, final norm, head, and in LoRA mode the adapter layers' base weights."""
-    frozen = non_layer_parameters(model)
-    if mode == "lora":
-        positions = split.emulator_positions() if _is_emulator(model, split) else None
-        frozen.update(layer_parameters(model, split.adapter, positions, lambda name: "lora_" not in name))
-    return frozen
-
-
-def _is_emulator(model: torch.nn.Module, split: LayerSplit) -> bool:
-    return num_decoder_layers(model) == len(split.kept) != split.num_layers
-
-
-def _split_from_layout(msg: Payload) -> LayerSplit:
-    def ints(key: str) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.asarray(msg[LAYOUT + key]).tolist())
-
-    kept, bottom, emulator = ints("kept"), ints("adapter_bottom"), ints("emulator")
-    top = tuple(i for i in kept if i not in set(bottom) | set(emulator))
-    return LayerSplit(int(msg[LAYOUT + "num_layers"]), bottom, top, emulator, emulator)
-
-
-def _layout(split: LayerSplit) -> Payload:
-    return {
-        LAYOUT + "num_layers": split.num_layers,
-        LAYOUT + "kept": np.asarray(split.kept, dtype=np.int32),
-        LAYOUT + "adapter_bottom": np.asarray(split.adapter_bottom, dtype=np.int32),
-        LAYOUT + "emulator": np.asarray(split.emulator, dtype=np.int32),
-    }
-
-
-def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -> tuple[Tensor, Tensor]:
-    """Hidden states ``hidden_index`` and next-token logits at the non-pad positions of ``batch``.
-
-    ``hidden_states[k]`` is the input of decoder layer k (0: the embeddings), so the output of layer
-    i is index i + 1. For plain-head families the LM head runs on the non-pad positions only.
-    """
-    causal: Any = unwrap(model)
-    mask = batch["attention_mask"].bool()
-    inputs = {
-        "input_ids": batch["input_ids"],
-        "attention_mask": batch["attention_mask"],
-        "use_cache": False,
-        "output_hidden_states": True,
-    }
-    head = causal.get_output_embeddings()
-    if causal.config.model_type in PLAIN_HEAD_FAMILIES and head is not None:
-        out = causal.get_decoder()(**inputs)
-        return out.hidden_states[hidden_index][mask], head(out.last_hidden_state[mask])
-    out = causal(**inputs)
-    return out.hidden_states[hidden_index][mask], out.logits[mask]
-
-
-def emulator_parameters(emulator: torch.nn.Module, split: LayerSplit) -> dict[str, torch.nn.Parameter]:
-    """E's parameters: what the server's alignment trains."""
-    return layer_parameters(emulator, split.emulator, split.emulator_positions())
-
-
-@dataclass
-class AlignStats:
-    loss: float
-    mse: float
-    kl: float
-    steps: int
-
-
-def align_emulator(
-    full: torch.nn.Module,
-    emulator: torch.nn.Module,
-    split: LayerSplit,
-    batches: Sequence[Batch],
-    *,
-    lam: float,
-    optimizer: torch.optim.Optimizer,
-    clip_norm: float | None = 1.0,
-) -> AlignStats:
-    """One step of eq. (2) per batch: only E's parameters (``emulator_parameters``) train.
-
-    Student and teacher both run without dropout (eval mode), so the distillation target and the
-    student see the same deterministic functions; ``optimizer`` holds E's parameters and keeps its
-    state from call to call.
-    """
-    if not batches:
-        return AlignStats(0.0, 0.0, 0.0, 0)
-    params = emulator_parameters(emulator, split)
-    set_trainable(emulator, params)
-    emulator.eval()
-    totals = np.zeros(3)
-    for batch in batches:
-        with torch.no_grad():
-            teacher_hidden, teacher_logits = hidden_and_logits(full, batch, split.teacher_hidden_index)
-        student_hidden, student_logits = hidden_and_logits(emulator, batch, split.student_hidden_index)
-        loss, mse, kl = emulator_alignment_loss(
-            student_hidden, teacher_hidden, student_logits, teacher_logits, lam
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_norm:
-            torch.nn.utils.clip_grad_norm_(list(params.values()), clip_norm)
-        optimizer.step()
-        totals += [float(loss.detach()), float(mse), float(kl)]
-    emulator.eval()
-    set_trainable(emulator, {})
-    mean = totals / len(batches)
-    return AlignStats(float(mean[0]), float(mean[1]), float(mean[2]), len(batches))
-
-
-def _atomic_savez(path: Path, state: Mapping[str, np.ndarray]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")  # runs sharing a cache may race
-    np.savez(tmp, **dict(state))  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
-    os.replace(tmp, path)
 
 
 def _save_init(directory: Path, state: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> None:
     """The initial emulator and its fingerprint; the fingerprint last, so a reader never pairs it
     with a half-written emulator."""
-    _atomic_savez(directory / "emulator-init.npz", state)
+    save_npz(directory / "emulator-init.npz", state)
     tmp = directory / f"emulator-init.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(dict(info), indent=1))
     os.replace(tmp, directory / "emulator-init.json")
-
-
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
-
-
-class FedBiOTConfig(AlgorithmConfig):
-    """FedBiOT and its baselines: clients tune an adapter on top of a layer-dropped emulator.
-
-    ``split: last`` is FedBiOT's LayerExtract (adapter = the last ``adapter_layers`` layers);
-    ``split: first_last`` is Offsite-tuning's / FedOT's (half of ``adapter_layers`` first, half last).
-    ``align_steps: 0`` keeps the emulator fixed after the initial distillation (Offsite-tuning, FedOT).
-    """
-
-    modes = ("federated", "centralized")  # centralized: Offsite-tuning (one client, all data)
-
-    split: Literal["last", "first_last"] = "last"
-    adapter_layers: int = Field(2, ge=1)
-    dropout: float = Field(0.2, ge=0, lt=1)
-    adapter_mode: Literal["full", "lora"] = "full"
-    prox_eps: float = Field(0.5, ge=0)
-    align_lambda: float = Field(0.5, ge=0)
-    init_steps: int = Field(50, ge=0)
-    align_steps: int = Field(10, ge=0)
-    align_batch_size: int = Field(4, ge=1)
-    align_optimizer: Literal["sgd", "adamw"] = "sgd"
-    align_lr: float = Field(1e-3, gt=0)
-    align_clip_norm: float | None = Field(1.0, gt=0)
-    public_dataset: str | None = None
-    public_examples: int | None = Field(512, ge=1)
-    client_cache: Literal["auto", "memory", "disk"] = "auto"
-    # A directory shared by runs: the initial emulator distillation is kept there under the
-    # fingerprint of the settings it depends on, and reused by any run with the same settings.
-    init_cache: str | None = None
-
-    @model_validator(mode="after")
-    def _check_split(self) -> FedBiOTConfig:
-        if self.split == "first_last" and self.adapter_layers % 2:
-            raise ValueError(
-                "fedbiot.adapter_layers must be even with split first_last (half first, half last)"
-            )
-        return self
 
 
 class FedBiOT(Algorithm[FedBiOTConfig]):
@@ -295,12 +70,12 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         super().__init__(cfg)
         self.global_adapter: dict[str, np.ndarray] = {}
         self.emulator_version = 0
-        self.frozen_version = 1
-        self.sent: dict[str, tuple[int, int]] = {}
+        # The frozen part (embeddings, norm, head) never changes: version 1 for the whole run.
+        self.broadcast = VersionedBroadcast(("frozen", "emulator"))
+        self.broadcast.set_version("frozen", 1)
         self.split: LayerSplit | None = None
         self._models: tuple[Any, Any, LayerSplit] | None = None
         self._public: list[Batch] = []
-        self._wire: dict[tuple[str, int], Payload] = {}
         self.init_stats = AlignStats(0.0, 0.0, 0.0, 0)
         self.align_optimizer: torch.optim.Optimizer | None = None
         self._saved_align_optimizer: dict[str, Any] | None = None
@@ -432,7 +207,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             saved = json.loads(meta.read_text())
             if saved.get("fingerprint") != digest:
                 continue
-            state = _load_npz(cache)
+            state = load_npz(cache)
             load_layer_state(emulator, state, split.emulator, split.emulator_positions(), what=str(cache))
             if directory != places[0]:
                 _save_init(places[0], state, saved)
@@ -486,17 +261,17 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             )
             self.emulator_version += 1
         sampled = fed.sample(self.clients_per_round(fed), rnd)
+        self.broadcast.set_version("emulator", self.emulator_version)
         messages = {client: self._message(client, emulator, split) for client in sampled}
         emulator_bytes = sum(
             payload_nbytes({k: v for k, v in m.items() if k.startswith(EMULATOR)}) for m in messages.values()
         )
         emulator_sends = sum(1 for m in messages.values() if any(k.startswith(EMULATOR) for k in m))
-        for client in sampled:
-            self.sent[client] = (self.frozen_version, self.emulator_version)
+        self.broadcast.delivered(sampled)
         _, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, messages)
         for client in sampled:
             if client not in replies:
-                self.sent.pop(client, None)  # failed or rejected: assume it holds nothing
+                self.broadcast.forget(client)
         average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
         self.global_adapter = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
@@ -509,29 +284,19 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         return fit_round_result(sampled, replies, weights, extra)
 
     def _message(self, client: str, emulator: Any, split: LayerSplit) -> Payload:
-        frozen_v, emulator_v = self.sent.get(client, (0, 0))
         message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
-        message.update(_layout(split))
-        message.update(frozen_version=self.frozen_version, emulator_version=self.emulator_version)
-        if frozen_v != self.frozen_version:
-            message.update(self._wire_part("frozen", self.frozen_version, emulator, split))
-        if emulator_v != self.emulator_version:
-            message.update(self._wire_part("emulator", self.emulator_version, emulator, split))
+        message.update(layout_payload(split))
+        message.update(self.broadcast.message(client, lambda part: self._wire_part(part, emulator, split)))
         return message
 
-    def _wire_part(self, part: str, version: int, emulator: Any, split: LayerSplit) -> Payload:
-        """The frozen part or the emulator as payload entries, built once per version, not per client."""
-        key = (part, version)
-        if key not in self._wire:
-            self._wire = {k: v for k, v in self._wire.items() if k[0] != part}  # older versions go
-            if part == "frozen":
-                frozen = frozen_parameters(emulator, split, self.section.adapter_mode)
-                entries: Payload = {FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()}
-                entries["arch"] = unwrap(emulator).config.to_json_string(use_diff=False)
-            else:
-                entries = {EMULATOR + k: v for k, v in self._emulator_state(emulator, split).items()}
-            self._wire[key] = entries
-        return self._wire[key]
+    def _wire_part(self, part: str, emulator: Any, split: LayerSplit) -> Payload:
+        """The frozen part (with the architecture) or the emulator as payload entries."""
+        if part == "frozen":
+            frozen = frozen_parameters(emulator, split, self.section.adapter_mode)
+            entries: Payload = {FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()}
+            entries["arch"] = unwrap(emulator).config.to_json_string(use_diff=False)
+            return entries
+        return {EMULATOR + k: v for k, v in self._emulator_state(emulator, split).items()}
 
     # ----------------------------------------------------------------- client
     def client_tasks(self) -> dict[str, ClientTask]:
@@ -564,8 +329,8 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             raise ClientCacheMiss(f"client {ctx.client_id} holds no emulator model and was not sent one")
         model = holder["model"]
         versions: dict[str, int] = holder["versions"]
-        self._receive(ctx, msg, model, split, versions, "frozen", FROZEN)
-        self._receive(ctx, msg, model, split, versions, "emulator", EMULATOR)
+        self._receive(ctx, msg, model, split, versions, "frozen")
+        self._receive(ctx, msg, model, split, versions, "emulator")
         return model
 
     def _part(self, model: Any, split: LayerSplit, part: str) -> dict[str, torch.nn.Parameter]:
@@ -574,34 +339,17 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         return layer_parameters(model, split.emulator, split.emulator_positions())
 
     def _receive(
-        self,
-        ctx: ClientContext,
-        msg: Payload,
-        model: Any,
-        split: LayerSplit,
-        versions: dict[str, int],
-        part: str,
-        prefix: str,
+        self, ctx: ClientContext, msg: Payload, model: Any, split: LayerSplit, held: dict[str, int], part: str
     ) -> None:
-        version = int(msg[f"{part}_version"])
-        cache = ctx.workdir / "fedbiot-cache" / f"{part}.npz"
-        state = arrays(msg, prefix)
-        if state:
-            load_parameters(self._part(model, split, part), state, f"{part} weights from the server")
-            versions[part] = version
-            if self._client_cache() == "disk":
-                _atomic_savez(cache, {**state, "__version__": np.asarray(version)})
-            return
-        if versions.get(part) == version:
-            return
-        if self._client_cache() == "disk" and cache.is_file():
-            saved = _load_npz(cache)
-            if int(saved.pop("__version__")) == version:
-                load_parameters(self._part(model, split, part), saved, str(cache))
-                versions[part] = version
-                return
-        raise ClientCacheMiss(
-            f"client {ctx.client_id} does not hold {part} version {version} and was not sent it"
+        disk = self._client_cache() == "disk"
+        receive_part(
+            msg,
+            part,
+            FROZEN if part == "frozen" else EMULATOR,
+            held,
+            lambda state, what: load_parameters(self._part(model, split, part), state, what),
+            cache_file=ctx.workdir / "fedbiot-cache" / f"{part}.npz" if disk else None,
+            client=ctx.client_id,
         )
 
     def _client_cache(self) -> str:
@@ -615,7 +363,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         from fedtune.data.tokenize import encode_records as encode
         from fedtune.models.loading import load_tokenizer
 
-        split = _split_from_layout(msg)
+        split = split_from_layout(msg)
         model = self._client_model(ctx, msg, split)
         params = self._adapter_params(model, split, True)
         load_parameters(params, arrays(msg, ADAPTER), "adapter from the server")
@@ -690,10 +438,10 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             "settings": self._fingerprint(),
         }
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_savez(directory / "fedbiot-adapter.npz", self.global_adapter)
+        save_npz(directory / "fedbiot-adapter.npz", self.global_adapter)
         if self._models is not None:
             _, emulator, split = self._models
-            _atomic_savez(directory / "fedbiot-emulator.npz", self._emulator_state(emulator, split))
+            save_npz(directory / "fedbiot-emulator.npz", self._emulator_state(emulator, split))
         (directory / "fedbiot.json").write_text(json.dumps(info, indent=1))
 
     # ------------------------------------------------------------------ state
@@ -717,8 +465,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         self.emulator_version = int(state["emulator_version"])
         self.align_optimizer = None  # rebuilt from the saved state at its next use
         self._saved_align_optimizer = state.get("align_optimizer")
-        self.sent = {}
-        self._wire = {}
+        self.broadcast.reset()
         load_layer_state(
             emulator, state["emulator"], split.emulator, split.emulator_positions(), what="checkpoint"
         )
@@ -745,7 +492,7 @@ def load_final_fedbiot(cfg: Any, base: Any, run_dir: Path, emulator: bool) -> An
         emulator_file = directory / "fedbiot-emulator.npz"
         if not emulator_file.is_file():
             raise FileNotFoundError(f"{emulator_file} is missing (the run predates it): use the full model")
-        state = _load_npz(emulator_file)
+        state = load_npz(emulator_file)
         load_layer_state(model, state, split.emulator, split.emulator_positions(), what=str(emulator_file))
-    algorithm._load_adapter(model, split, emulator, _load_npz(adapter_file))
+    algorithm._load_adapter(model, split, emulator, load_npz(adapter_file))
     return model.eval()

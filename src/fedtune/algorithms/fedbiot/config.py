@@ -1,0 +1,47 @@
+"""FedBiOT's config section (``fedbiot:``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from fedtune.config import AlgorithmConfig
+
+
+class FedBiOTConfig(AlgorithmConfig):
+    """FedBiOT and its baselines: clients tune an adapter on top of a layer-dropped emulator.
+
+    ``split: last`` is FedBiOT's LayerExtract (adapter = the last ``adapter_layers`` layers);
+    ``split: first_last`` is Offsite-tuning's / FedOT's (half of ``adapter_layers`` first, half last).
+    ``align_steps: 0`` keeps the emulator fixed after the initial distillation (Offsite-tuning, FedOT).
+    """
+
+    modes = ("federated", "centralized")  # centralized: Offsite-tuning (one client, all data)
+
+    split: Literal["last", "first_last"] = "last"
+    adapter_layers: int = Field(2, ge=1)
+    dropout: float = Field(0.2, ge=0, lt=1)
+    adapter_mode: Literal["full", "lora"] = "full"
+    prox_eps: float = Field(0.5, ge=0)
+    align_lambda: float = Field(0.5, ge=0)
+    init_steps: int = Field(50, ge=0)
+    align_steps: int = Field(10, ge=0)
+    align_batch_size: int = Field(4, ge=1)
+    align_optimizer: Literal["sgd", "adamw"] = "sgd"
+    align_lr: float = Field(1e-3, gt=0)
+    align_clip_norm: float | None = Field(1.0, gt=0)
+    public_dataset: str | None = None
+    public_examples: int | None = Field(512, ge=1)
+    client_cache: Literal["auto", "memory", "disk"] = "auto"
+    # A directory shared by runs: the initial emulator distillation is kept there under the
+    # fingerprint of the settings it depends on, and reused by any run with the same settings.
+    init_cache: str | None = None
+
+    @model_validator(mode="after")
+    def _check_split(self) -> FedBiOTConfig:
+        if self.split == "first_last" and self.adapter_layers % 2:
+            raise ValueError(
+                "fedbiot.adapter_layers must be even with split first_last (half first, half last)"
+            )
+        return self
