@@ -133,7 +133,8 @@ def _per_call_ms(fn: Callable[[], object], repeats: int) -> float:
 
 def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats: int) -> dict[str, float]:
     """Milliseconds of each piece of the per-client path, timed alone (context for the totals)."""
-    from fedtune.algorithms.fedit import ADAPTER, REPLY_SCALARS
+    from fedtune.algorithms.fedit import ADAPTER
+    from fedtune.algorithms.local import REPLY_SCALARS
     from fedtune.fl.aggregate import weighted_average
     from fedtune.fl.payload import payload_nbytes
     from fedtune.fl.validation import ReplySpec, validate_reply
