@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedtune.algorithms.fedpt import FedPT, TeacherCache, kd_loss
+from fedtune.algorithms.fedpt import FedPT, kd_loss
 from fedtune.fl.payload import Payload
 from fedtune.models.loading import load_causal_lm
 from fedtune.progress import RunProgress
 from fedtune.proxy import VocabMismatch, proxy_logits
 from fedtune.train.losses import labelled_logits
+from fedtune.train.teacher_cache import TeacherCache
 from tests.integration.helpers import quiet_runner, stable, tiny_config
 
 

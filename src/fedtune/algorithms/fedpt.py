@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -69,49 +67,11 @@ from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
 from fedtune.train.losses import distillation_kl, labelled_logits
 from fedtune.train.optim import build_optimizer, build_scheduler
+from fedtune.train.teacher_cache import TeacherCache
 
 log = logging.getLogger("fedtune")
 
 Batch = dict[str, Tensor]
-
-
-class TeacherCache:
-    """The frozen teacher part per distillation batch: computed once, then served from RAM or disk.
-
-    ``disk`` keeps one ``.npy`` per batch under ``directory`` with a fingerprint of everything the
-    values depend on; a different fingerprint (other models, alpha, data) clears the directory.
-    """
-
-    def __init__(self, mode: str, directory: Path, fingerprint: Mapping[str, Any], dtype: str) -> None:
-        self.mode = mode
-        self.directory = directory
-        self.dtype = np.float16 if dtype == "fp16" else np.float32
-        self._memory: dict[int, np.ndarray] = {}
-        self.compute_seconds = 0.0
-        if mode == "disk":
-            meta = directory / "meta.json"
-            wanted = json.dumps(dict(fingerprint), sort_keys=True)
-            if not meta.is_file() or meta.read_text() != wanted:
-                shutil.rmtree(directory, ignore_errors=True)
-                directory.mkdir(parents=True)
-                meta.write_text(wanted)
-
-    def get(self, index: int, compute: Callable[[], Tensor]) -> Tensor:
-        if self.mode == "memory" and index in self._memory:
-            return torch.from_numpy(self._memory[index].astype(np.float32))
-        path = self.directory / f"batch{index:05d}.npy"
-        if self.mode == "disk" and path.is_file():
-            return torch.from_numpy(np.load(path).astype(np.float32))
-        start = time.perf_counter()
-        values = compute().float().cpu().numpy().astype(self.dtype)
-        self.compute_seconds += time.perf_counter() - start
-        if self.mode == "memory":
-            self._memory[index] = values
-        elif self.mode == "disk":
-            staging = path.with_suffix(".tmp.npy")
-            np.save(staging, values)
-            os.replace(staging, path)
-        return torch.from_numpy(values.astype(np.float32))
 
 
 def kd_loss(
