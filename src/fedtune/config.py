@@ -121,6 +121,9 @@ class FedConfig(Section):
     norm_bound: float | None = Field(None, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     backend: Literal["simulation", "flower"] = "simulation"
+    # fp16: float32 arrays of >= 1024 entries travel as fp16 in both directions (half the bytes; the
+    # receiver computes with the rounded values). Bytes are counted as sent.
+    wire_dtype: Literal["fp32", "fp16"] = "fp32"
 
 
 class EvalConfig(Section):

@@ -342,3 +342,18 @@ def test_generate_and_eval_work_on_a_fedbiot_run(adapter_mode: str, tmp_path: Pa
     full, _, _ = load_final_model(tmp_path / "run")
     emulator, _, _ = load_final_model(tmp_path / "run", "emulator")
     assert sum(p.numel() for p in emulator.parameters()) < sum(p.numel() for p in full.parameters())
+
+
+def test_fp16_wire_halves_the_emulator_bytes(tmp_path: Path) -> None:
+    runs = {
+        dtype: quiet_runner(
+            tiny_config("fedbiot", "fed.rounds=1", "eval.before=false", f"fed.wire_dtype={dtype}"),
+            tmp_path / dtype,
+        ).run()
+        for dtype in ("fp32", "fp16")
+    }
+    fp32, fp16 = runs["fp32"][1], runs["fp16"][1]
+    assert fp16["emulator_sends"] == fp32["emulator_sends"] > 0
+    assert 0.45 < fp16["bytes_down"] / fp32["bytes_down"] < 0.6
+    assert 0.45 < fp16["emulator_mb_down"] / fp32["emulator_mb_down"] < 0.6  # MB rounded to 0.01
+    assert np.isfinite(fp16["train_loss"]) and fp16["train_loss"] != fp32["train_loss"]

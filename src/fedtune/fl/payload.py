@@ -86,3 +86,61 @@ def payload_nbytes(payload: Mapping[str, Value]) -> int:
         else:
             total += _SCALAR_BYTES
     return total
+
+
+WIRE_FP16 = "wire/fp16"
+"""The payload entry that lists (comma-separated) the arrays sent as fp16 instead of fp32."""
+WIRE_FP16_MIN_SIZE = 1024
+"""float32 arrays with at least this many entries travel as fp16 under ``fed.wire_dtype: fp16``
+(small arrays -- norms, biases, statistics -- are not worth the rounding)."""
+_FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def to_wire(payload: Payload, wire_dtype: str) -> Payload:
+    """``payload`` as it travels: with ``fp16``, large float32 arrays become float16 and are listed
+    under ``WIRE_FP16`` so the receiver widens them back (``from_wire``); ``fp32`` sends it unchanged.
+
+    A value beyond fp16's range is an error naming the key (it would arrive as inf).
+    """
+    if wire_dtype == "fp32":
+        return payload
+    if wire_dtype != "fp16":
+        raise ValueError(f"fed.wire_dtype must be fp32 or fp16, got {wire_dtype!r}")
+    narrowed: list[str] = []
+    wire: Payload = {}
+    for key, value in payload.items():
+        if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.size >= WIRE_FP16_MIN_SIZE:
+            peak = float(np.max(np.abs(value))) if value.size else 0.0
+            if peak > _FP16_MAX:
+                raise PayloadError(f"'{key}' holds {peak:.4g}, beyond fp16's range: use fed.wire_dtype fp32")
+            wire[key] = value.astype(np.float16)
+            narrowed.append(key)
+        else:
+            wire[key] = value
+    if narrowed:
+        wire[WIRE_FP16] = ",".join(narrowed)
+    return wire
+
+
+def from_wire(payload: Payload) -> Payload:
+    """The inverse of ``to_wire``: the listed arrays widened to float32 (their fp16 rounding stays)."""
+    listed = payload.get(WIRE_FP16)
+    if listed is None:
+        return payload
+    if not isinstance(listed, str):
+        raise PayloadError(f"'{WIRE_FP16}' must be a string of keys")
+    keys = set(listed.split(","))
+    restored: Payload = {}
+    for key, value in payload.items():
+        if key == WIRE_FP16:
+            continue
+        if key in keys:
+            if not (isinstance(value, np.ndarray) and value.dtype == np.float16):
+                raise PayloadError(f"'{key}' is listed in '{WIRE_FP16}' but is not an fp16 array")
+            restored[key] = value.astype(np.float32)
+        else:
+            restored[key] = value
+    missing = keys - set(payload)
+    if missing:
+        raise PayloadError(f"'{WIRE_FP16}' lists keys that are absent: {sorted(missing)[:3]}")
+    return restored

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedtune.data.records import Record
 from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
-from fedtune.fl.payload import Payload, PayloadError, check_payload, payload_nbytes
+from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
 from fedtune.fl.validation import Expect, ReplyRejected, check_reply
 
 if TYPE_CHECKING:
@@ -103,19 +103,20 @@ class InProcessFederation:
         if task not in self.tasks:
             raise KeyError(f"unknown client task {task!r}; registered: {sorted(self.tasks)}")
         replies: dict[str, Payload] = {}
+        wire_dtype = self.cfg.fed.wire_dtype
         for client in clients:
-            message = per_client_payload(payload, client, clients)
+            message = to_wire(per_client_payload(payload, client, clients), wire_dtype)
             self.traffic.add("down", client, payload_nbytes(message))
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
-            reply = self._run_one(client, task, message, timeout)
+            reply = self._run_one(client, task, from_wire(message), timeout)
             if reply is None:
                 continue
             self.traffic.add("up", client, payload_nbytes(reply))
             if self.tap is not None:
                 self.tap("up", client, task, self.rnd, reply)
             try:
-                replies[client] = check_reply(reply, expect, client)
+                replies[client] = check_reply(from_wire(reply), expect, client)
             except ReplyRejected as exc:
                 self.traffic.rejected[client] = str(exc)
                 log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
@@ -129,7 +130,7 @@ class InProcessFederation:
             reply = self.tasks[task](self._context(client), message)
             if self.after_task is not None:
                 reply = self.after_task(client, task, self.rnd, reply)
-            reply = check_payload(reply, f"client {client}")
+            reply = to_wire(check_payload(reply, f"client {client}"), self.cfg.fed.wire_dtype)
         except PayloadError as exc:
             self.traffic.rejected[client] = str(exc)
             log.warning("round %d: client %s sent a malformed reply: %s", self.rnd, client, exc)

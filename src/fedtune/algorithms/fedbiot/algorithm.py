@@ -33,7 +33,7 @@ from fedtune.eval.evaluate import EvalResult, evaluate_lm, merge_results, prefix
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, load_npz, receive_part, save_npz
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
-from fedtune.fl.payload import Payload, arrays, payload_nbytes
+from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.models.loading import resolve_device
 from fedtune.models.lora import attach_lora, default_targets
 from fedtune.models.surgery import (
@@ -263,8 +263,11 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         sampled = fed.sample(self.clients_per_round(fed), rnd)
         self.broadcast.set_version("emulator", self.emulator_version)
         messages = {client: self._message(client, emulator, split) for client in sampled}
-        emulator_bytes = sum(
-            payload_nbytes({k: v for k, v in m.items() if k.startswith(EMULATOR)}) for m in messages.values()
+        emulator_bytes = sum(  # as sent: fp16 under fed.wire_dtype fp16
+            payload_nbytes(
+                to_wire({k: v for k, v in m.items() if k.startswith(EMULATOR)}, self.cfg.fed.wire_dtype)
+            )
+            for m in messages.values()
         )
         emulator_sends = sum(1 for m in messages.values() if any(k.startswith(EMULATOR) for k in m))
         self.broadcast.delivered(sampled)

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from fedtune.fl.federation import Traffic, per_client_payload, seeded_sample
 from fedtune.fl.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
-from fedtune.fl.payload import Payload, PayloadError, payload_nbytes
+from fedtune.fl.payload import Payload, PayloadError, from_wire, payload_nbytes, to_wire
 from fedtune.fl.simulation import TapHook
 from fedtune.fl.validation import Expect, ReplyRejected, check_reply
 
@@ -52,8 +52,10 @@ class GridFederation:
         poll_interval: float = 0.1,
         tap: TapHook | None = None,
         client_sizes: Mapping[str, int] | None = None,
+        wire_dtype: str = "fp32",
     ) -> None:
         self.grid = grid
+        self.wire_dtype = wire_dtype
         self.client_sizes = dict(client_sizes or {})
         self._client_ids = list(client_ids)
         self.seed = seed
@@ -179,7 +181,7 @@ class GridFederation:
                 self.traffic.failed[client] = "not connected (no SuperNode serves this client)"
                 log.warning("round %d: client %s has no SuperNode", self.rnd, client)
                 continue
-            message = per_client_payload(payload, client, clients)
+            message = to_wire(per_client_payload(payload, client, clients), self.wire_dtype)
             self.traffic.add("down", client, payload_nbytes(message))
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
@@ -226,7 +228,10 @@ class GridFederation:
         if self.tap is not None:
             self.tap("up", client, task, self.rnd, payload)
         try:
-            return check_reply(payload, expect, client)
+            return check_reply(from_wire(payload), expect, client)
+        except PayloadError as exc:
+            self.traffic.rejected[client] = str(exc)
+            return None
         except ReplyRejected as exc:
             self.traffic.rejected[client] = str(exc)
             log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)

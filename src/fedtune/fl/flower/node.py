@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedtune.fl.payload import Payload, PayloadError, check_payload
+from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, to_wire
 
 BEFORE_TASK_ENV = "FEDTUNE_FLOWER_BEFORE_TASK"
 AFTER_TASK_ENV = "FEDTUNE_FLOWER_AFTER_TASK"
@@ -146,11 +146,11 @@ def execute(
         before = _hook(BEFORE_TASK_ENV)
         if before is not None:
             before(runtime.client_id, task, rnd)
-        reply = runtime.tasks[task](ctx, payload)
+        reply = runtime.tasks[task](ctx, from_wire(payload))
         after = _hook(AFTER_TASK_ENV)
         if after is not None:
             reply = after(runtime.client_id, task, rnd, reply)
-        reply = check_payload(reply, f"client {runtime.client_id}")
+        reply = to_wire(check_payload(reply, f"client {runtime.client_id}"), runtime.cfg.fed.wire_dtype)
     except PayloadError as exc:
         return Outcome(None, str(exc), True, None, time.perf_counter() - start)
     except Exception as exc:

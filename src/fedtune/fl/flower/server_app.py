@@ -61,6 +61,7 @@ def main(grid: Grid, context: Context) -> None:
             client_sizes={cid: len(recs) for cid, recs in data.clients.items()}
             if cfg.flower.client_data == "partition"
             else None,
+            wire_dtype=cfg.fed.wire_dtype,
         )
         connected = fed.wait_for_clients(len(data.clients), cfg.flower.connect_timeout)
         logging.getLogger("fedtune").info("%d of %d clients connected", len(connected), len(data.clients))
