@@ -10,6 +10,7 @@ from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import Record
 from fedtune.data.templates import build_prompt
 from fedtune.eval.evaluate import EvalResult, evaluate_lm
+from fedtune.resources import model_spec
 
 if TYPE_CHECKING:
     from fedtune.proxy.decode import ProxyTunedLM
@@ -20,16 +21,7 @@ FEDBIOT_MODELS = ("full", "emulator")
 
 def load_base_model(cfg: ExperimentConfig) -> tuple[Any, Any]:
     """The run's base model and tokenizer, from where the run loaded them (cache dir, GGUF file)."""
-    from fedtune.models.loading import load_causal_lm
-
-    return load_causal_lm(
-        cfg.model.name,
-        dtype=cfg.model.dtype,
-        device=cfg.model.device,
-        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
-        gguf_file=cfg.model.gguf_file,
-        seed=cfg.seed,
-    )
+    return model_spec(cfg.model, cfg.seed).load_causal_lm()
 
 
 def load_final_model(run_dir: Path, fedbiot_model: str = "full") -> tuple[Any, Any, ExperimentConfig]:

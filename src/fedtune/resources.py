@@ -1,27 +1,41 @@
-"""Shared, lazily built resources of one process: each distinct base model is loaded once."""
+"""Shared, lazily built resources of one process: each distinct model spec is loaded once.
+
+In the simulation every client runs in the server's process, so clients with equal specs share one
+loaded model (and swap their trainable state in and out of it); on Flower a SuperNode's process
+loads only what its own client's tasks ask for. Roles get their spec from the algorithm
+(``Algorithm.client_model_spec``); the run's ``model:`` section is the default for every role.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 from peft import PeftModel
 from transformers import PreTrainedTokenizerBase
 
-from fedtune.config import ExperimentConfig
+from fedtune.config import ExperimentConfig, ModelConfig
 from fedtune.models.lora import adapter_arrays, attach_lora
+from fedtune.models.spec import ModelSpec
 
 T = TypeVar("T")
 
 
+def model_spec(model: ModelConfig, seed: int) -> ModelSpec:
+    """The spec a ``model:`` config section describes (``seed``: the run's, for tiny random models)."""
+    return ModelSpec(model.name, model.dtype, model.device, model.cache_dir, model.gguf_file, seed)
+
+
 class Resources:
-    """A per-process cache of models and tokenizers keyed by name."""
+    """A per-process cache of models, tokenizers and anything else built once, keyed by name."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
+        self.base_spec = model_spec(cfg.model, cfg.seed)
         self._cache: dict[str, Any] = {}
+        self.loads: list[str] = []
+        """The spec keys of every model this process loaded, in order (what a test or a report reads)."""
 
     def get(self, key: str, build: Callable[[], T]) -> T:
         if key not in self._cache:
@@ -29,21 +43,31 @@ class Resources:
         value: T = self._cache[key]
         return value
 
-    def base_lm(self) -> tuple[Any, PreTrainedTokenizerBase]:
-        from fedtune.models.loading import load_causal_lm
+    def model(self, spec: ModelSpec, copy: str = "") -> tuple[Any, PreTrainedTokenizerBase]:
+        """The causal LM ``spec`` names and its tokenizer, loaded on first use.
 
-        model_cfg = self.cfg.model
-        return self.get(
-            "base_lm",
-            lambda: load_causal_lm(
-                model_cfg.name,
-                dtype=model_cfg.dtype,
-                device=model_cfg.device,
-                cache_dir=None if model_cfg.cache_dir is None else Path(model_cfg.cache_dir).expanduser(),
-                gguf_file=model_cfg.gguf_file,
-                seed=self.cfg.seed,
-            ),
-        )
+        Roles asking for the same spec share one model. ``copy`` names a private instance instead, for
+        a role that must not see what another does to the shared one (LoRA is attached in place: a
+        frozen black-box teacher of the same spec as the tuned model needs its own copy).
+        """
+
+        def load() -> tuple[Any, PreTrainedTokenizerBase]:
+            self.loads.append(spec.key + (f" ({copy})" if copy else ""))
+            return spec.load_causal_lm()
+
+        return self.get(f"model/{spec.key}/{copy}", load)
+
+    def tokenizer(self, spec: ModelSpec) -> PreTrainedTokenizerBase:
+        """``spec``'s tokenizer: the loaded model's if there is one, else the tokenizer alone."""
+        loaded = self._cache.get(f"model/{spec.key}/")
+        if loaded is not None:
+            tokenizer: PreTrainedTokenizerBase = loaded[1]
+            return tokenizer
+        return self.get(f"tokenizer/{spec.key}", spec.load_tokenizer)
+
+    def base_lm(self) -> tuple[Any, PreTrainedTokenizerBase]:
+        """The run's base model (``model:``)."""
+        return self.model(self.base_spec)
 
     def lora_lm(self) -> tuple[PeftModel, PreTrainedTokenizerBase]:
         """The base LM wrapped once with LoRA; tasks swap adapter states in and out of it."""

@@ -17,6 +17,8 @@ from fedtune.eval.evaluate import EvalResult, client_results, payload_result, re
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
+from fedtune.models.spec import ModelSpec
+from fedtune.resources import model_spec
 
 PERSONAL_EVAL = "evaluate_personal"
 """The client task of the client-side evaluation; its reply: ``result_payload`` + these scalars."""
@@ -87,6 +89,11 @@ class Algorithm(ABC, Generic[SectionT]):
 
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def client_model_spec(self, client: str) -> ModelSpec:
+        """The model ``client`` uses: the run's ``model:`` unless the method gives clients their own
+        (heterogeneous architectures and tokenizers). Loaded once per distinct spec per process."""
+        return model_spec(self.cfg.model, self.cfg.seed)
 
     def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
         """What each client needs for its client-side evaluation (``eval.personal``), e.g. the global

@@ -63,8 +63,10 @@ from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.models.lora import adapter_arrays, load_adapter
+from fedtune.models.spec import ModelSpec
 from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
+from fedtune.resources import model_spec
 from fedtune.train.losses import distillation_kl, labelled_logits
 from fedtune.train.optim import build_optimizer, build_scheduler
 from fedtune.train.teacher_cache import TeacherCache
@@ -146,19 +148,21 @@ class FedPT(Algorithm[FedPTConfig]):
         return fit_adapter(ctx, arrays(msg, ADAPTER), prox_mu=0.0)
 
     # ----- server ---------------------------------------------------------------------------------
-    def large(self, server: ServerContext) -> LogitSource:
+    def large_spec(self) -> ModelSpec:
+        """The black-box large LM: its own name and dtype, the run's device, cache and seed."""
         sec: FedPTConfig = self.section
-        model_cfg = self.cfg.model
-        return server.resources.get(
-            "fedpt/large",
-            lambda: LocalLogitSource.load(
-                sec.large_model,
-                dtype=sec.large_dtype,
-                device=model_cfg.device,
-                cache_dir=None if model_cfg.cache_dir is None else Path(model_cfg.cache_dir).expanduser(),
-                seed=self.cfg.seed,
-            ),
+        return model_spec(self.cfg.model, self.cfg.seed).replace(
+            name=sec.large_model, dtype=sec.large_dtype, gguf_file=None
         )
+
+    def large(self, server: ServerContext) -> LogitSource:
+        spec = self.large_spec()
+
+        def build() -> LogitSource:
+            model, tokenizer = server.resources.model(spec, copy="fedpt/large")
+            return LocalLogitSource(model, tokenizer, spec.name)
+
+        return server.resources.get("fedpt/large", build)
 
     def setup(self, server: ServerContext) -> None:
         sec: FedPTConfig = self.section

@@ -265,13 +265,15 @@ def load_causal_lm(
     return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
 
 
-def load_tokenizer(name: str, *, cache_dir: Path | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    name: str, *, cache_dir: Path | None = None, gguf_file: str | None = None
+) -> PreTrainedTokenizerBase:
     """Only the tokenizer of ``name`` (with a pad token), for a party that must not load the model."""
     tiny = parse_tiny_name(name)
     if tiny is not None:
         tokenizer: PreTrainedTokenizerBase = tiny_tokenizer()
     else:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "causal-lm", cache_dir))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "causal-lm", cache_dir, gguf_file))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(

@@ -364,20 +364,12 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
 
     def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
         from fedtune.data.tokenize import encode_records as encode
-        from fedtune.models.loading import load_tokenizer
 
         split = split_from_layout(msg)
         model = self._client_model(ctx, msg, split)
         params = self._adapter_params(model, split, True)
         load_parameters(params, arrays(msg, ADAPTER), "adapter from the server")
-        model_cfg = ctx.cfg.model
-        tokenizer = ctx.resources.get(
-            "fedbiot/tokenizer",
-            lambda: load_tokenizer(
-                model_cfg.name,
-                cache_dir=None if model_cfg.cache_dir is None else Path(model_cfg.cache_dir).expanduser(),
-            ),
-        )
+        tokenizer = ctx.resources.tokenizer(self.client_model_spec(ctx.client_id))
         data_cfg = ctx.cfg.data
         examples = ctx.resources.get(
             f"fedbiot/examples/{ctx.client_id}",
