@@ -235,22 +235,32 @@ def report(
     out.print(f"wrote {path}")
 
 
+BENCHMARK_SCRIPTS = {
+    "p3": "sft_throughput",
+    "p4": "simulation_overhead",
+    "p5": "proxy_decoding",
+    "p6": "fedpt_server_time",
+    "p8": "flower_overhead",
+}
+"""The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
+
+
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help="benchmark id, e.g. p3 or p4")],
+    name: Annotated[str, typer.Argument(help="benchmark id (p3, p4, ...) or script name in bench/")],
     args: Annotated[list[str] | None, typer.Argument(help="arguments passed to the benchmark")] = None,
 ) -> None:
-    """Run a benchmark script from bench/ (writes bench/results/<name>.json)."""
+    """Run a benchmark script from bench/ (writes bench/results/<id>.json)."""
     import runpy
 
     # bench/ sits beside src/ in a checkout (editable install); otherwise look in the working directory.
     bench_dir = Path(__file__).resolve().parents[2] / "bench"
     if not bench_dir.is_dir():
         bench_dir = Path("bench")
-    script = bench_dir / f"{name.lower()}.py"
+    script = bench_dir / f"{BENCHMARK_SCRIPTS.get(name.lower(), name)}.py"
     if not script.is_file():
-        scripts = sorted(p.stem for p in bench_dir.glob("p*.py"))
-        _fail(FileNotFoundError(f"no benchmark {script}; available: {', '.join(scripts) or 'none'}"))
+        listed = ", ".join(f"{key} ({value})" for key, value in BENCHMARK_SCRIPTS.items())
+        _fail(FileNotFoundError(f"no benchmark {script}; available: {listed}"))
     sys.argv = [str(script), *(args or [])]
     runpy.run_path(str(script), run_name="__main__")
 

@@ -42,7 +42,7 @@ def _keep_threads() -> object:
 
 
 def test_p3_smoke_writes_results(tmp_path: Path) -> None:
-    _load("p3").main(["--smoke", "--results-dir", str(tmp_path)])
+    _load("sft_throughput").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p3.smoke.json").read_text())
     assert (tmp_path / "p3.smoke.md").read_text().startswith("P3")
     assert record["smoke"] is True and record["model"] == "tiny-llama"
@@ -64,7 +64,7 @@ def test_p3_smoke_writes_results(tmp_path: Path) -> None:
 
 
 def test_p4_smoke_writes_results(tmp_path: Path) -> None:
-    _load("p4").main(["--smoke", "--results-dir", str(tmp_path)])
+    _load("simulation_overhead").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p4.smoke.json").read_text())
     assert (tmp_path / "p4.smoke.md").read_text().startswith("P4")
     assert record["smoke"] is True and record["config"]["clients_per_round"] == 10
@@ -80,7 +80,7 @@ def test_p4_smoke_writes_results(tmp_path: Path) -> None:
 
 
 def test_p5_smoke_writes_results(tmp_path: Path) -> None:
-    _load("p5").main(["--smoke", "--results-dir", str(tmp_path)])
+    _load("proxy_decoding").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p5.smoke.json").read_text())
     assert (tmp_path / "p5.smoke.md").read_text().startswith("P5")
     assert record["smoke"] is True and record["small_model"] == "tiny-llama-L2-H32"
@@ -99,7 +99,7 @@ def test_p5_smoke_writes_results(tmp_path: Path) -> None:
 
 
 def test_p6_smoke_caches_the_teacher_once(tmp_path: Path) -> None:
-    _load("p6").main(["--smoke", "--results-dir", str(tmp_path)])
+    _load("fedpt_server_time").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p6.smoke.json").read_text())
     assert (tmp_path / "p6.smoke.md").read_text().startswith("# P6")
     cached, recomputed = record["rounds"]["disk"], record["rounds"]["recompute"]
@@ -109,7 +109,7 @@ def test_p6_smoke_caches_the_teacher_once(tmp_path: Path) -> None:
 
 
 def test_p8_smoke_runs_both_backends(tmp_path: Path) -> None:
-    _load("p8").main(["--smoke", "--results-dir", str(tmp_path)])
+    _load("flower_overhead").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p8.smoke.json").read_text())
     assert (tmp_path / "p8.smoke.md").read_text().startswith("P8")
     assert record["smoke"] is True and record["clients"] == 2 and record["timed_rounds"] == [2]

@@ -27,7 +27,7 @@ from fedtune.eval.code_exec import (
     run_programs,
 )
 from fedtune.eval.evaluate import evaluate_generations
-from fedtune.eval.runner import score_generations
+from fedtune.eval.scoring import score_generations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME = "stdlib-code"

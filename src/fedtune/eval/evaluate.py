@@ -15,7 +15,7 @@ from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName, build_prompt
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.decode.generate import generate_texts
-from fedtune.eval.runner import perplexity, score_generations
+from fedtune.eval.scoring import perplexity, score_generations
 from fedtune.fl.payload import Payload
 
 GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1")

@@ -65,8 +65,8 @@ def adapter_parameters(model: PeftModel) -> dict[str, torch.nn.Parameter]:
     """peft's adapter state-dict keys mapped to the model's own LoRA parameters, found once.
 
     ``get_peft_model_state_dict`` walks and filters the whole model state dict on every call
-    (~20 ms on SmolLM2, bench/p4.py); its tensors share storage with the parameters, so one walk
-    gives the key -> parameter map and later swaps copy straight into the parameters.
+    (~20 ms on SmolLM2, bench/simulation_overhead.py); its tensors share storage with the
+    parameters, so one walk gives the key -> parameter map and later swaps copy straight into them.
     """
     cached: dict[str, torch.nn.Parameter] | None = getattr(model, _PARAMETERS_ATTR, None)
     if cached is not None:

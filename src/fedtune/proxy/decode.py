@@ -9,7 +9,7 @@ adapter off, so the small weights are held once. The large model is reached only
 The two small forwards are fused by default into one forward of ``2B`` rows: the first ``B`` with
 the adapter, the second ``B`` without (peft's mixed-adapter batches, ``adapter_names=[..., "__base__"]``;
 one KV cache holds both halves). A batch-1 decoding step is bound by reading the weights, not by
-arithmetic, so the base forward almost comes for free (bench/p5.py). ``fuse_small=False`` runs the
+arithmetic, so the base forward almost comes for free (bench/proxy_decoding.py). ``fuse_small=False`` runs the
 two forwards one after the other under ``disable_adapter()``; it also serves adapters that peft
 cannot mix in one batch (DoRA, merged adapters).
 """

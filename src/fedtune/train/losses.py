@@ -58,7 +58,7 @@ def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> t
 
     Equal to ``causal_lm_nll(model(...).logits, labels)`` without building the full logits: with a
     fifth of the positions labelled, most of the head matmul, the full-vocabulary softmax and their
-    backward buffers were wasted (bench/p3.py: 1.12x steps/s).
+    backward buffers were wasted (bench/sft_throughput.py: 1.12x steps/s).
     """
     logits, targets = labelled_logits(model, batch)
     if targets.numel() == 0:

@@ -10,8 +10,8 @@ spent in the student's own forward/backward/step (``kd_student_seconds`` = "one 
 small model"), and their ratio; target: cached <= 1.5x one KD pass. Round 1's teacher build time
 and the cache's size on disk are reported too.
 
-    python bench/p6.py                 # configs/paper/fedpt-smollm2.yaml's models and KD settings
-    python bench/p6.py --smoke         # tiny models, seconds
+    python bench/fedpt_server_time.py   # configs/paper/fedpt-smollm2.yaml's models and KD settings
+    python bench/fedpt_server_time.py --smoke   # tiny models, seconds
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# P6: FedPT server time per round",
             "",
-            f"`python bench/p6.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
+            f"`python bench/fedpt_server_time.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
             f"config `{config.name}`, {args.rounds} rounds",
             "",
             *table,

@@ -15,8 +15,8 @@ the per-repeat paired ratios, each run's wall time including the Flower run's st
 same metrics. Threads: in-process uses ``--threads``; each SuperNode's worker gets
 ``max(1, threads // clients)`` so that both sides use the same cores.
 
-    python bench/p8.py                 # configs/demo/fedit-smollm2.yaml (SmolLM2-135M, 4 clients)
-    python bench/p8.py --smoke         # tiny random model, 2 clients, 1 timed round
+    python bench/flower_overhead.py   # configs/demo/fedit-smollm2.yaml (SmolLM2-135M, 4 clients)
+    python bench/flower_overhead.py --smoke   # tiny random model, 2 clients, 1 timed round
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "P8: Flower loopback deployment vs in-process, same FedIT job (round seconds, median)",
             "",
-            f"`python bench/p8.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
+            f"`python bench/flower_overhead.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
             f"config `{config.name}` ({clients} clients), {rounds} rounds (timed: {list(timed)}), "
             f"{repeats} repeat(s), threads {args.threads} in-process / {node_threads} per SuperNode",
             "",

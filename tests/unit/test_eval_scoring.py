@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtune.decode.generate import pad_sequences
-from fedtune.eval.runner import (
+from fedtune.eval.scoring import (
     IGNORE_INDEX,
     choice_example,
     choice_log_likelihoods,
