@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from fedtune.algorithms.registry import algorithm_names
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.flower.deploy import LocalDeployment
 from tests.integration import flower_hooks
@@ -159,10 +160,30 @@ def test_fedbiot_on_flower_equals_in_process(deployment: LocalDeployment, tmp_pa
         assert held == set(layout["emulator"]) and not held & set(layout["dropped"])
 
 
-def test_fedpt_on_flower_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
-    # FedPT's clients train the small model only; the server's distillation runs in the ServerApp.
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_every_algorithm_on_flower_equals_in_process(
+    algorithm: str, deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    # The contract on the second backend: one round of every registered algorithm (FedPT's
+    # distillation runs in the ServerApp, FedBiOT's clients rebuild their emulator from the wire).
     one_round = (*TWO_CLIENTS, "fed.rounds=1")
-    expected = quiet_runner(tiny_config("fedpt", *one_round), tmp_path / "simulation").run()
-    actual = flower_run(deployment, tiny_config("fedpt", *one_round), tmp_path / "flower")
+    expected = quiet_runner(tiny_config(algorithm, *one_round), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config(algorithm, *one_round), tmp_path / "flower")
     assert [row["round"] for row in actual] == [0, 1]
+    assert_close(stable(actual), stable(expected))
+
+
+def test_client_side_evaluation_and_fp16_wire_on_flower(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # Each SuperNode evaluates its own adapter on its own held-out split; arrays travel as fp16.
+    settings = (
+        *TWO_CLIENTS,
+        "fed.mode=standalone",
+        "fed.rounds=1",
+        "eval.personal=true",
+        "fed.wire_dtype=fp16",
+    )
+    expected = quiet_runner(tiny_config("fedit", *settings), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedit", *settings), tmp_path / "flower")
+    assert set(actual[1]["eval_by_client"]) == {"c00", "c01"}
+    assert "personal/perplexity" in actual[1]["eval"]
     assert_close(stable(actual), stable(expected))
