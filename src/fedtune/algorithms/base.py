@@ -12,8 +12,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from fedtune.config import AlgorithmConfig, ExperimentConfig
+from fedtune.data.records import Record
 from fedtune.errors import RunError
-from fedtune.eval.evaluate import EvalResult, client_results, payload_result, result_payload
+from fedtune.eval.evaluate import EvalResult, client_results, evaluate_lm, payload_result, result_payload
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
@@ -152,6 +153,21 @@ def missing_replies_message(got: int, sampled: list[str], needed: int, traffic: 
                 keys.add("flower.client_data")
     lines.append(f"to change: {', '.join(sorted(keys))}")
     return "\n".join(lines)
+
+
+def evaluate_model(
+    cfg: ExperimentConfig, model: Any, tokenizer: Any, records: list[Record], rnd: int
+) -> EvalResult:
+    """``model`` evaluated on ``records`` with the run's eval settings, sampling seeded by the round."""
+    return evaluate_lm(
+        model,
+        tokenizer,
+        records,
+        cfg.eval,
+        template=cfg.data.template,
+        max_length=cfg.data.max_length,
+        seed=derive_seed(cfg.seed, rnd, "eval"),
+    )
 
 
 def derive_seed(seed: int, *parts: int | str) -> int:

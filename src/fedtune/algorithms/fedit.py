@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, derive_seed, personal_reply
+from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, evaluate_model, personal_reply
 from fedtune.algorithms.local import REPLY_SCALARS, fit_reply, train_selected
 from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.data.tokenize import Example, encode_records
-from fedtune.eval.evaluate import EvalResult, evaluate_lm, mean_results, payload_result, result_payload
+from fedtune.eval.evaluate import EvalResult, mean_results, payload_result, result_payload
 from fedtune.fl.aggregate import server_step, weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -87,15 +87,7 @@ def evaluate_adapter(
     """``adapter`` on the run's base model, evaluated on ``records`` (sampling seeded by the round)."""
     model, tokenizer = resources.lora_lm()
     load_adapter(model, adapter)
-    return evaluate_lm(
-        model,
-        tokenizer,
-        records,
-        cfg.eval,
-        template=cfg.data.template,
-        max_length=cfg.data.max_length,
-        seed=derive_seed(cfg.seed, rnd, "eval"),
-    )
+    return evaluate_model(cfg, model, tokenizer, records, rnd)
 
 
 def collect_adapters(

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedit import ADAPTER, collect_adapters, fit_adapter, fit_round_result
 from fedtune.config import AlgorithmConfig
 from fedtune.data.records import DataError, Record
@@ -53,7 +53,6 @@ from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import (
     EvalResult,
     evaluate_generations,
-    evaluate_lm,
     merge_results,
     perplexity_batches,
     prefixed,
@@ -413,15 +412,7 @@ class FedPT(Algorithm[FedPTConfig]):
             return result
         model, tokenizer = server.resources.lora_lm()
         load_adapter(model, self.global_adapter)
-        small = evaluate_lm(
-            model,
-            tokenizer,
-            server.eval_records,
-            self.cfg.eval,
-            template=self.cfg.data.template,
-            max_length=self.cfg.data.max_length,
-            seed=derive_seed(self.cfg.seed, rnd, "eval"),
-        )
+        small = evaluate_model(self.cfg, model, tokenizer, server.eval_records, rnd)
         return merge_results(result, prefixed(small, "small/"))
 
     # ----- state and artifacts --------------------------------------------------------------------

@@ -40,9 +40,60 @@ def local_sft(
     if not examples:
         raise ValueError("local_sft: this client has no training examples")
     with only_trainable(model, trainable):
-        return _sft(
-            model, examples, train, pad_token_id, seed, rnd, rounds, bucketing, prox_mu, report, grad_masks
+        torch.manual_seed(seed)
+        batches, steps = _round_batches(examples, train, pad_token_id, seed, bucketing)
+        optimizer = build_optimizer(
+            model.parameters(),
+            train.optimizer,
+            lr=train.lr,
+            weight_decay=train.weight_decay,
+            betas=train.betas,
+            momentum=train.momentum,
         )
+        scheduler = build_scheduler(
+            optimizer,
+            train.schedule,
+            steps_this_round=steps,
+            rnd=rnd,
+            rounds=rounds,
+            scope=train.schedule_scope,
+            warmup_ratio=train.warmup_ratio,
+            min_ratio=train.min_lr_ratio,
+        )
+        reference = (
+            {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+            if prox_mu > 0
+            else None
+        )
+        return train_local(
+            model,
+            batches,
+            optimizer,
+            scheduler,
+            steps=steps,
+            grad_accum=train.grad_accum,
+            clip_norm=train.clip_norm,
+            prox_mu=prox_mu,
+            prox_reference=reference,
+            report=report,
+            grad_masks=grad_masks,
+        )
+
+
+def _round_batches(
+    examples: Sequence[Example], train: TrainConfig, pad_token_id: int, seed: int, bucketing: bool
+) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """The round's batches (one shuffle per started epoch) and its number of optimizer steps."""
+    epochs = max(1, int(-(-train.local_epochs // 1)))
+    batches = [
+        batch
+        for epoch in range(epochs)
+        for batch in make_batches(
+            examples, train.batch_size, pad_token_id, seed=seed + epoch, bucketing=bucketing
+        )
+    ]
+    per_epoch = len(batches) // epochs
+    return batches, steps_for(per_epoch, train.local_epochs, train.grad_accum, train.max_steps)
 
 
 @contextmanager
@@ -60,65 +111,3 @@ def only_trainable(model: torch.nn.Module, params: Mapping[str, torch.nn.Paramet
     finally:
         for p, flag in before:
             p.requires_grad_(flag)
-
-
-def _sft(
-    model: torch.nn.Module,
-    examples: Sequence[Example],
-    train: TrainConfig,
-    pad_token_id: int,
-    seed: int,
-    rnd: int,
-    rounds: int,
-    bucketing: bool,
-    prox_mu: float,
-    report: Reporter | None,
-    grad_masks: Mapping[str, torch.Tensor] | None,
-) -> TrainResult:
-    torch.manual_seed(seed)
-    epochs = max(1, int(-(-train.local_epochs // 1)))
-    batches = [
-        batch
-        for epoch in range(epochs)
-        for batch in make_batches(
-            examples, train.batch_size, pad_token_id, seed=seed + epoch, bucketing=bucketing
-        )
-    ]
-    per_epoch = len(batches) // epochs
-    steps = steps_for(per_epoch, train.local_epochs, train.grad_accum, train.max_steps)
-    optimizer = build_optimizer(
-        model.parameters(),
-        train.optimizer,
-        lr=train.lr,
-        weight_decay=train.weight_decay,
-        betas=train.betas,
-        momentum=train.momentum,
-    )
-    scheduler = build_scheduler(
-        optimizer,
-        train.schedule,
-        steps_this_round=steps,
-        rnd=rnd,
-        rounds=rounds,
-        scope=train.schedule_scope,
-        warmup_ratio=train.warmup_ratio,
-        min_ratio=train.min_lr_ratio,
-    )
-    reference = (
-        {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-        if prox_mu > 0
-        else None
-    )
-    return train_local(
-        model,
-        batches,
-        optimizer,
-        scheduler,
-        steps=steps,
-        grad_accum=train.grad_accum,
-        clip_norm=train.clip_norm,
-        prox_mu=prox_mu,
-        prox_reference=reference,
-        report=report,
-        grad_masks=grad_masks,
-    )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
 from fedtune.algorithms.fedbiot.maths import (
     AlignStats,
@@ -29,7 +29,7 @@ from fedtune.algorithms.local import fit_reply, train_selected
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
-from fedtune.eval.evaluate import EvalResult, evaluate_lm, merge_results, prefixed
+from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, load_npz, receive_part, save_npz
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
@@ -392,15 +392,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         results = []
         for prefix, model, is_emulator in (("adapemu/", emulator, True), ("adapfu/", full, False)):
             self._load_adapter(model, split, is_emulator, self.global_adapter)
-            result = evaluate_lm(
-                model,
-                tokenizer,
-                server.eval_records,
-                self.cfg.eval,
-                template=self.cfg.data.template,
-                max_length=self.cfg.data.max_length,
-                seed=derive_seed(self.cfg.seed, rnd, "eval"),
-            )
+            result = evaluate_model(self.cfg, model, tokenizer, server.eval_records, rnd)
             results.append(prefixed(result, prefix))
         return merge_results(*results)
 
