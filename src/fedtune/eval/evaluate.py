@@ -4,19 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from fedtune.config import EvalConfig
 from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName, build_prompt
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.decode.generate import generate_texts
 from fedtune.eval.scoring import perplexity, score_generations
 from fedtune.fl.payload import Payload
+
+
+class EvalSettings(Protocol):
+    """What an evaluation reads: plain values (a run config's ``eval:`` section is one)."""
+
+    @property
+    def metrics(self) -> Sequence[str]: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def seeds(self) -> int: ...
+
 
 GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1")
 
@@ -38,7 +55,7 @@ def evaluate_generations(
     generate: GenerateFn,
     tokenizer: PreTrainedTokenizerBase,
     records: Sequence[Record],
-    settings: EvalConfig,
+    settings: EvalSettings,
     *,
     template: TemplateName,
     seed: int,
@@ -77,7 +94,7 @@ def evaluate_generations(
 def perplexity_batches(
     records: Sequence[Record],
     tokenizer: PreTrainedTokenizerBase,
-    settings: EvalConfig,
+    settings: EvalSettings,
     *,
     template: TemplateName,
     max_length: int,
@@ -91,7 +108,7 @@ def evaluate_lm(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     records: Sequence[Record],
-    settings: EvalConfig,
+    settings: EvalSettings,
     *,
     template: TemplateName,
     max_length: int,

@@ -4,19 +4,52 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import torch
 
-from fedtune.config import TrainConfig
 from fedtune.data.tokenize import Example, make_batches
 from fedtune.train.loop import Reporter, TrainResult, steps_for, train_local
 from fedtune.train.optim import build_optimizer, build_scheduler
 
 
+class SFTSettings(Protocol):
+    """What a round of local SFT reads: plain values (a run config's ``train:`` section is one)."""
+
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def betas(self) -> tuple[float, float]: ...
+    @property
+    def momentum(self) -> float: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def grad_accum(self) -> int: ...
+    @property
+    def local_epochs(self) -> float: ...
+    @property
+    def max_steps(self) -> int | None: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def schedule_scope(self) -> str: ...
+    @property
+    def warmup_ratio(self) -> float: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+    @property
+    def clip_norm(self) -> float | None: ...
+
+
 def local_sft(
     model: torch.nn.Module,
     examples: Sequence[Example],
-    train: TrainConfig,
+    train: SFTSettings,
     *,
     pad_token_id: int,
     seed: int,
@@ -81,7 +114,7 @@ def local_sft(
 
 
 def _round_batches(
-    examples: Sequence[Example], train: TrainConfig, pad_token_id: int, seed: int, bucketing: bool
+    examples: Sequence[Example], train: SFTSettings, pad_token_id: int, seed: int, bucketing: bool
 ) -> tuple[list[dict[str, torch.Tensor]], int]:
     """The round's batches (one shuffle per started epoch) and its number of optimizer steps."""
     epochs = max(1, int(-(-train.local_epochs // 1)))
