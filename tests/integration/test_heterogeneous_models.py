@@ -17,6 +17,7 @@ from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.spec import ModelSpec
 from fedtune.plugins import register
+from fedtune.resources import Resources
 from fedtune.train.losses import response_nll
 from tests.integration.helpers import quiet_runner, tiny_config
 
@@ -83,3 +84,27 @@ def test_each_client_gets_its_spec_and_each_spec_loads_once(tmp_path: Path) -> N
     assert all(row["train_loss"] > 0 for row in history[1:])
     # Four clients, two rounds, one process: each of the two specs was loaded exactly once.
     assert sorted(HeteroProbe.loads) == sorted(ModelSpec(a, seed=cfg.seed).key for a in ARCHS)
+
+
+def test_a_node_loads_only_what_its_clients_tasks_ask_for(tmp_path: Path) -> None:
+    """A SuperNode's runtime loads nothing up front; a FedBiOT client never loads the LLM at all."""
+    import yaml
+
+    from fedtune.fl.flower.node import build_runtime, execute
+    from tests.integration.test_fedbiot import _built
+
+    cfg = tiny_config("fedbiot", "fed.rounds=1")
+    algorithm, _, _ = _built(cfg, tmp_path / "server")
+    _, emulator, split = algorithm._models  # type: ignore[misc]
+    runtime = build_runtime(yaml.safe_dump(cfg.to_yaml_dict()), {"partition-id": 0, "workdir": str(tmp_path)})
+    assert runtime.resources.loads == []
+    message = algorithm._message(runtime.client_id, emulator, split)
+    outcome = execute(runtime, "fit", 1, message, {})
+    assert outcome.error is None and outcome.reply is not None
+    assert runtime.resources.loads == []  # the emulator came over the wire; only a tokenizer was loaded
+
+    fedit = tiny_config("fedit", "fed.rounds=1")
+    node = build_runtime(yaml.safe_dump(fedit.to_yaml_dict()), {"partition-id": 1, "workdir": str(tmp_path)})
+    initial = Resources(fedit).initial_adapter()
+    done = execute(node, "fit", 1, {f"adapter/{k}": v for k, v in initial.items()}, {})
+    assert done.error is None and node.resources.loads == [node.resources.base_spec.key]

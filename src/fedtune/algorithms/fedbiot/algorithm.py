@@ -326,7 +326,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
                 positions = split.emulator_positions()
                 model = self._with_lora(model, [positions[i] for i in split.adapter])
             holder.clear()
-            model.to(resolve_device(ctx.cfg.model.device))
+            model.to(resolve_device(self.client_model_spec(ctx.client_id).device))
             holder.update(arch=arch, model=model.eval(), versions={})
         if "model" not in holder:
             raise ClientCacheMiss(f"client {ctx.client_id} holds no emulator model and was not sent one")
