@@ -209,3 +209,33 @@ def test_only_trainable_selects_and_restores_flags() -> None:
     with only_trainable(model, chosen):
         assert {n for n, p in model.named_parameters() if p.requires_grad} == set(chosen)
     assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+
+
+def _layer_training(dtype: torch.dtype, master: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight before, weight after) of one MLP projection trained with tiny SGD steps."""
+    from fedtune.train.loop import FP32Master
+
+    model, tok = tiny_model("llama", seed=0)
+    model = model.to(dtype)
+    examples = encode_records([Record(f"say {i}", f"word {i}") for i in range(8)], tok, "alpaca", 64)
+    batches = [collate(examples[i : i + 4], tok.pad_token_id) for i in range(0, 8, 4)]
+    name, weight = next((n, p) for n, p in model.named_parameters() if "layers.0.mlp.down_proj" in n)
+    for p in model.parameters():
+        p.requires_grad_(p is weight)
+    helper = FP32Master.needed({name: weight}) if master else None
+    params = helper.optimizer_parameters() if helper is not None else [weight]
+    before = weight.detach().float().clone()
+    opt = build_optimizer(params, "sgd", lr=2e-3)
+    train_local(model, batches, opt, None, steps=30, master=helper)
+    return before, weight.detach().float()
+
+
+def test_bf16_full_layers_train_through_fp32_master_copies() -> None:
+    ref_before, ref_after = _layer_training(torch.float32, master=False)
+    before, with_master = _layer_training(torch.bfloat16, master=True)
+    _, without = _layer_training(torch.bfloat16, master=False)
+    reference = ref_after - ref_before
+    # Pure bf16 rounds most of these small steps away; the fp32 copies keep them.
+    kept = torch.nn.functional.cosine_similarity((with_master - before).ravel(), reference.ravel(), dim=0)
+    lost = torch.nn.functional.cosine_similarity((without - before).ravel(), reference.ravel(), dim=0)
+    assert kept > 0.9 and kept > lost + 0.2, (float(kept), float(lost))

@@ -70,6 +70,7 @@ def train_local(
     loss_fn: LossFn = sft_loss,
     report: Reporter | None = None,
     grad_masks: Mapping[str, torch.Tensor] | None = None,
+    master: FP32Master | None = None,
 ) -> TrainResult:
     """Run ``steps`` optimizer steps of ``grad_accum`` micro-batches each, cycling ``batches``.
 
@@ -81,6 +82,11 @@ def train_local(
     boolean tensors of the parameter's shape: entries outside a mask get a zero gradient (so clipping
     and optimizer moments see only the trained entries) and are put back after every step, so no
     optimizer term (weight decay, momentum) moves them either.
+
+    ``master`` (fp32 copies of half-precision trainable parameters, ``FP32Master``): the optimizer
+    steps the fp32 copies (it must have been built over ``master.optimizer_parameters()``) and the
+    model's bf16/fp16 weights are refreshed from them after every step, so small updates add up
+    instead of rounding away.
     """
     if not batches:
         raise ValueError("train_local got no batches")
@@ -108,11 +114,14 @@ def train_local(
             num_examples += int(batch["input_ids"].shape[0])
         if prox_mu > 0 and prox_reference is not None:
             (prox_mu / 2 * proximal_term(trainable, prox_reference)).backward()
-        frozen = _mask_gradients(trainable, masks)
+        stepped = master.stepped(trainable) if master is not None else trainable
+        frozen = _mask_gradients(stepped, masks)
         if clip_norm:
-            torch.nn.utils.clip_grad_norm_(list(trainable.values()), clip_norm)
+            torch.nn.utils.clip_grad_norm_(list(stepped.values()), clip_norm)
         optimizer.step()
-        _restore_frozen(trainable, masks, frozen)
+        _restore_frozen(stepped, masks, frozen)
+        if master is not None:
+            master.push()
         if scheduler is not None:
             scheduler.step()
         total_targets += group_targets
@@ -128,6 +137,53 @@ def train_local(
         seconds=time.perf_counter() - start,
         peak_mem_mb=_peak_memory_mb(device),
     )
+
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class FP32Master:
+    """fp32 master copies of the half-precision (bf16/fp16) parameters among ``params``.
+
+    Training full layers of a bf16 model in bf16 loses every update smaller than half a bf16 step
+    (2^-8 relative); the optimizer steps these fp32 copies instead, and the model's weights are
+    rounded from them after each step. fp32 parameters (e.g. peft's LoRA factors) need no copy.
+    """
+
+    def __init__(self, params: Mapping[str, torch.nn.Parameter]) -> None:
+        self.params = dict(params)
+        self.copies = {
+            name: torch.nn.Parameter(p.detach().float().clone())
+            for name, p in params.items()
+            if p.dtype in HALF_DTYPES
+        }
+
+    @classmethod
+    def needed(cls, params: Mapping[str, torch.nn.Parameter]) -> FP32Master | None:
+        master = cls(params)
+        return master if master.copies else None
+
+    def optimizer_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps: the fp32 copy where there is one, else the parameter itself."""
+        return [self.copies.get(name, p) for name, p in self.params.items()]
+
+    def stepped(self, trainable: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.nn.Parameter]:
+        """The fp32 copies with this step's gradients (from the model's), by the model's names."""
+        result = {}
+        for name, p in trainable.items():
+            copy = self.copies.get(name)
+            if copy is None:
+                result[name] = p
+                continue
+            copy.grad = None if p.grad is None else p.grad.float()
+            result[name] = copy
+        return result
+
+    def push(self) -> None:
+        """Round the fp32 copies into the model's half-precision weights."""
+        with torch.no_grad():
+            for name, copy in self.copies.items():
+                self.params[name].copy_(copy)
 
 
 def _device_masks(

@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 
 from fedtune.data.tokenize import Example, make_batches
-from fedtune.train.loop import Reporter, TrainResult, steps_for, train_local
+from fedtune.train.loop import FP32Master, Reporter, TrainResult, steps_for, train_local
 from fedtune.train.optim import build_optimizer, build_scheduler
 
 
@@ -75,8 +75,10 @@ def local_sft(
     with only_trainable(model, trainable):
         torch.manual_seed(seed)
         batches, steps = _round_batches(examples, train, pad_token_id, seed, bucketing)
+        # A half-precision model trains its selected full layers through fp32 master copies.
+        master = FP32Master.needed({n: p for n, p in model.named_parameters() if p.requires_grad})
         optimizer = build_optimizer(
-            model.parameters(),
+            model.parameters() if master is None else master.optimizer_parameters(),
             train.optimizer,
             lr=train.lr,
             weight_decay=train.weight_decay,
@@ -110,6 +112,7 @@ def local_sft(
             prox_reference=reference,
             report=report,
             grad_masks=grad_masks,
+            master=master,
         )
 
 
