@@ -91,6 +91,11 @@ class Algorithm(ABC, Generic[SectionT]):
     @abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
+    def server_model_spec(self) -> ModelSpec:
+        """The server's own model (the run's ``model:`` unless the method's server holds another,
+        e.g. FedMKT's LLM over client SLMs)."""
+        return model_spec(self.cfg.model, self.cfg.seed)
+
     def client_model_spec(self, client: str) -> ModelSpec:
         """The model ``client`` uses: the run's ``model:`` unless the method gives clients their own
         (heterogeneous architectures and tokenizers). Loaded once per distinct spec per process."""
