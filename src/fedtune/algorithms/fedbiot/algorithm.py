@@ -96,7 +96,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         """(full model M with adapter = AdapFu, emulator model = AdapEmu, split), built once."""
 
         def build() -> tuple[Any, Any, LayerSplit]:
-            base, _ = server.resources.base_lm()
+            base, _ = server.resources.model(self.server_model_spec())
             split = make_split(self.section, num_decoder_layers(base))
             full = base
             emulator = build_emulator(base, split)
@@ -178,7 +178,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
     def setup(self, server: ServerContext) -> None:
         full, emulator, split = self._models = self.server_models(server)
         self.split = split
-        _, tokenizer = server.resources.base_lm()
+        _, tokenizer = server.resources.model(self.server_model_spec())
         self._public = self._public_batches(server, tokenizer)
         self.global_adapter = layer_state(
             full, split.adapter, None, adapter_filter(self.section.adapter_mode)
@@ -388,7 +388,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
     # ------------------------------------------------------------------- eval
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
         full, emulator, split = self.server_models(server)
-        _, tokenizer = server.resources.base_lm()
+        _, tokenizer = server.resources.model(self.server_model_spec())
         results = []
         for prefix, model, is_emulator in (("adapemu/", emulator, True), ("adapfu/", full, False)):
             self._load_adapter(model, split, is_emulator, self.global_adapter)
