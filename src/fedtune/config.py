@@ -152,6 +152,8 @@ class AlgorithmConfig(Section):
     """The ``fed.mode`` values the algorithm implements; any other is a config error before training."""
     personal_eval: ClassVar[bool] = False
     """Whether the algorithm has the client-side evaluation task (``eval.personal``)."""
+    requires_personal_eval: ClassVar[bool] = False
+    """A method whose models are all personal (no global model): ``eval.personal`` must be on."""
 
 
 class FlowerConfig(Section):
@@ -227,6 +229,10 @@ class ExperimentConfig(Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> ExperimentConfig:
         section = self.section()
+        if section.requires_personal_eval and not self.eval.personal:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} evaluates each client's own model: set eval.personal: true"
+            )
         if self.eval.personal and not section.personal_eval:
             raise ValueError(f"eval.personal: algorithm {self.algorithm!r} has no client-side evaluation")
         if self.eval.personal and self.fed.mode == "centralized":

@@ -23,6 +23,7 @@ BUILTIN = {
     "fedpt": "fedtune.algorithms.fedpt:FedPT",
     "fedbiot": "fedtune.algorithms.fedbiot:FedBiOT",
     "fedavgm": "fedtune.algorithms.fedavgm:FedAvgM",
+    "perfit": "fedtune.algorithms.perfit:PerFIT",
 }
 
 _registered: dict[str, type] = {}

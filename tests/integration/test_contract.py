@@ -71,7 +71,8 @@ def test_bad_and_failed_replies_are_dropped_and_recorded(algorithm: str, tmp_pat
 
     def poison(client: str, task: str, rnd: int, reply: Payload) -> Payload:
         if client == clients[1] and rnd == 1:
-            return {k: np.full_like(v, np.nan) if isinstance(v, np.ndarray) else v for k, v in reply.items()}
+            # Float arrays turn NaN (integer ones, e.g. packed masks, cannot hold one).
+            return {k: np.full_like(v, np.nan) if is_float(v) else v for k, v in reply.items()}
         return reply
 
     history = quiet_runner(cfg, tmp_path / "run", before_task=crash, after_task=poison).run()
@@ -80,6 +81,10 @@ def test_bad_and_failed_replies_are_dropped_and_recorded(algorithm: str, tmp_pat
     assert "NaN" in first["rejected"][clients[1]]
     assert all(np.isfinite(v) for v in history[-1]["eval"].values())
     assert history[2]["failed"] == {} and history[2]["rejected"] == {}
+
+
+def is_float(value: object) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f"
 
 
 def private_texts(cfg: Any) -> set[str]:

@@ -53,7 +53,7 @@ def evaluation_records(ctx: ClientContext, eval_set: str) -> list[Record]:
 
 def client_examples(ctx: ClientContext) -> list[Example]:
     """This client's tokenized training data, tokenized once per process."""
-    _, tokenizer = ctx.resources.lora_lm()
+    _, tokenizer = ctx.resources.base_lm()
     data_cfg = ctx.cfg.data
     return ctx.resources.get(
         f"examples/{ctx.client_id}",

@@ -1,0 +1,106 @@
+"""PerFIT end to end on tiny models: masks, the personalised aggregation on the wire, budgets, bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedtune.algorithms.perfit import MASK, VALUES, kept_count
+from fedtune.fl.aggregate import gather_masked, masked_average, scatter_masked, unpack_mask
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.fl.payload import Payload, arrays, payload_nbytes
+from tests.integration.helpers import quiet_runner, tiny_config
+
+
+def tapped(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str, str, int, Payload]]]:
+    seen: list[tuple[str, str, str, int, Payload]] = []
+
+    def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:
+        seen.append((direction, client, task, rnd, payload))
+
+    return quiet_runner(cfg, run_dir, tap=tap).run(), seen
+
+
+def masks_of(
+    seen: list[tuple[str, str, str, int, Payload]], shapes: dict[str, tuple[int, ...]]
+) -> dict[str, Any]:
+    found = {}
+    for direction, client, task, _, payload in seen:
+        if direction == "up" and task == "search":
+            found[client] = {k: unpack_mask(v, shapes[k]) for k, v in arrays(payload, MASK).items()}
+    return found
+
+
+def shapes_of(cfg: Any) -> dict[str, tuple[int, ...]]:
+    from fedtune.algorithms.perfit import PerFIT
+    from fedtune.resources import Resources
+
+    return PerFIT(cfg).module_shapes(Resources(cfg))
+
+
+def test_masks_hold_each_clients_budget_and_differ(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=1", "perfit.budgets=[2,4]", "perfit.sparsity=0.5")
+    _, seen = tapped(cfg, tmp_path / "run")
+    shapes = shapes_of(cfg)
+    masks = masks_of(seen, shapes)
+    assert sorted(masks) == ["c00", "c01", "c02", "c03"]
+    for client, mask in masks.items():
+        budget = 2 if client in ("c00", "c02") else 4
+        assert sum(int(m.sum()) for m in mask.values()) == kept_count(shapes, budget)
+    # Clients with other data (pathological split) pick other entries.
+    same_budget = [masks["c01"], masks["c03"]]
+    overlap = sum(int((a & b).sum()) for a, b in zip(*(m.values() for m in same_budget), strict=True))
+    assert overlap < kept_count(shapes, 4)
+
+
+def test_the_update_is_the_masked_mean_times_each_receivers_mask(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=2")
+    _, seen = tapped(cfg, tmp_path / "run")
+    masks = masks_of(seen, shapes_of(cfg))
+    for rnd in (1, 2):
+        uploads = {c: p for d, c, t, r, p in seen if d == "up" and t == "fit" and r == rnd}
+        updates = {c: p for d, c, t, r, p in seen if d == "down" and t == "update" and r == rnd}
+        assert set(updates) == set(uploads) and len(uploads) == 4
+        clients = sorted(uploads)
+        states = [scatter_masked(arrays(uploads[c], VALUES), masks[c]) for c in clients]
+        mean, held = masked_average(
+            states, [masks[c] for c in clients], [int(uploads[c]["num_examples"]) for c in clients]
+        )
+        assert any((h == 1).any() for h in held.values()), "some entries should be exclusive to one client"
+        for client in clients:
+            expected = gather_masked(mean, masks[client])
+            for key, value in arrays(updates[client], VALUES).items():
+                np.testing.assert_array_equal(value, expected[key])
+
+
+def test_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=3", "fed.clients_per_round=2")
+    history, seen = tapped(cfg, tmp_path / "run")
+    assert any(len(row["clients"]) == 2 for row in history[1:])
+    last_update: dict[str, Payload] = {}
+    for direction, client, task, _, payload in seen:
+        if direction == "down" and task == "update":
+            last_update[client] = payload
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    states = load_checkpoint(path)["federation"]["clients"]
+    for client, payload in last_update.items():
+        for key, value in arrays(payload, VALUES).items():
+            np.testing.assert_array_equal(states[client]["values"][key], value)
+
+
+def test_only_masked_values_go_up_and_the_mask_only_once(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=2")
+    _, seen = tapped(cfg, tmp_path / "run")
+    shapes = shapes_of(cfg)
+    kept = kept_count(shapes, cfg.lora.r)
+    searches = [p for d, _, t, _, p in seen if d == "up" and t == "search"]
+    assert len(searches) == 4  # once per client, in its first round
+    mask_bytes = sum((int(np.prod(s)) + 7) // 8 for s in shapes.values())
+    assert all(sum(v.nbytes for v in arrays(p, MASK).values()) == mask_bytes for p in searches)
+    fits = [p for d, _, t, _, p in seen if d == "up" and t == "fit"]
+    assert all(sum(v.nbytes for v in arrays(p, VALUES).values()) == kept * 4 for p in fits)
+    dense = sum(int(np.prod(s)) for s in shapes.values()) * 4
+    assert max(payload_nbytes(p) for p in fits) < dense  # sparse upload: below the expanded dense size
