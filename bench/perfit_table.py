@@ -1,0 +1,307 @@
+"""PerFIT's Tables 1-3 at small scale: FIT vs PerFIT in personalised perplexity, side by side.
+
+    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --jobs 2           # run what is missing
+    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --partitions pathological dirichlet
+    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --rows fit perfit_s0.5 --seeds 0 1 2
+    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --table-only
+
+Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s<seed>``):
+- ``fit``: FIT = FedIT with the budget rank r on the same modules (the same trainable count),
+  evaluated the same way (each client on its own held-out split, the global adapter);
+- ``perfit_s0.33`` / ``perfit_s0.5``: PerFIT searching in rank r / (1 - s);
+- ``perfit_hetero``: heterogeneous resources, a third of the clients each at rank 8 / 12 / 16 in a
+  common expanded rank 16 (FIT must use the weakest client's rank 8 everywhere: the ``fit`` row);
+- ``perfit_second`` / ``perfit_mixed``: the importance variants (s = 0.5), an ablation.
+The table gives the final personalised perplexity (mean over clients, then mean ± std over seeds),
+its example-weighted variant, MB up and down per round, and checks PerFIT < FIT. A plot of the
+masks of one PerFIT run (kept share per layer and module, overlap between clients) goes beside it.
+Runs are subprocesses (``python -m fedtune``), ``--jobs`` at a time with one thread each; rerunning
+resumes unfinished runs and skips finished ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+
+ROWS: dict[str, list[str]] = {
+    "fit": ["algorithm=fedit", "perfit=null"],
+    "perfit_s0.33": ["perfit.sparsity=0.33"],
+    "perfit_s0.5": ["perfit.sparsity=0.5"],
+    "perfit_hetero": ["perfit.sparsity=0.5", "perfit.budgets=[8,12,16]"],
+    "perfit_second": ["perfit.sparsity=0.5", "perfit.importance=second"],
+    "perfit_mixed": ["perfit.sparsity=0.5", "perfit.importance=mixed"],
+}
+LABELS = {
+    "fit": "FIT (FedIT, rank r)",
+    "perfit_s0.33": "PerFIT s = 0.33",
+    "perfit_s0.5": "PerFIT s = 0.5",
+    "perfit_hetero": "PerFIT, ranks 8/12/16",
+    "perfit_second": "PerFIT s = 0.5, 2nd-order importance",
+    "perfit_mixed": "PerFIT s = 0.5, mixed importance",
+}
+PARTITIONS: dict[str, list[str]] = {
+    "pathological": ["data.partition.scheme=pathological"],
+    "dirichlet": ["data.partition.scheme=dirichlet", "data.partition.alpha=0.5"],
+}
+METRIC = "personal/perplexity"
+
+
+def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
+    rows = read_rows(run_dir)
+    if rows and (run_dir / "checkpoints").is_dir() and _finished(run_dir, rows):
+        print(f"finished earlier: {run_dir}", flush=True)
+        return
+    command = [sys.executable, "-m", "fedtune"]
+    if (run_dir / "checkpoints").is_dir():
+        command += ["resume", str(run_dir)]
+    else:
+        command += ["run", str(config), *overrides, "progress=false", "-o", str(run_dir)]
+    print(" ".join(command), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log = run_dir.with_suffix(".log")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        subprocess.run(command, check=True, env=env, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def _finished(run_dir: Path, rows: list[dict[str, Any]]) -> bool:
+    import yaml
+
+    rounds = yaml.safe_load((run_dir / "config.yaml").read_text())["fed"]["rounds"]
+    return rows[-1].get("round") == rounds
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def summarise(run_dirs: list[Path]) -> dict[str, Any]:
+    """Final personalised perplexity over seeds, per-client values of the first seed, traffic."""
+    finals = {}
+    for run_dir in run_dirs:
+        evaluated = [r for r in read_rows(run_dir) if METRIC in r.get("eval", {})]
+        if evaluated and evaluated[-1]["round"] > 0:
+            finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]
+    out: dict[str, Any] = {"seeds": len(finals)}
+    if not finals:
+        return out
+    for key in (METRIC, f"{METRIC}_weighted"):
+        values = {seed: row["eval"][key] for seed, row in finals.items()}
+        out[key] = float(np.mean(list(values.values())))
+        out[f"{key}_std"] = float(np.std(list(values.values())))
+        out[f"{key}_by_seed"] = values
+    first = next(iter(finals.values()))
+    out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
+    rows = [r for r in read_rows(run_dirs[0]) if r.get("round", 0) > 0]
+    out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 1e6
+    out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 1e6
+    start = [r for r in read_rows(run_dirs[0]) if r.get("round") == 0 and METRIC in r.get("eval", {})]
+    if start:
+        out["before"] = start[0]["eval"][METRIC]
+    return out
+
+
+def _cell(result: dict[str, Any], key: str) -> str:
+    if key not in result:
+        return "-"
+    text = f"{result[key]:.2f}"
+    return text + (f" ± {result[key + '_std']:.2f}" if result["seeds"] > 1 else "")
+
+
+def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[str]:
+    lines = []
+    for part in partitions:
+        fit = results.get(f"fit-{part}", {})
+        for row in ROWS:
+            other = results.get(f"{row}-{part}", {})
+            if row == "fit" or METRIC not in fit or METRIC not in other:
+                continue
+            seeds = sorted(set(fit[f"{METRIC}_by_seed"]) & set(other[f"{METRIC}_by_seed"]))
+            wins = sum(other[f"{METRIC}_by_seed"][s] < fit[f"{METRIC}_by_seed"][s] for s in seeds)
+            verdict = "holds" if other[METRIC] < fit[METRIC] else "does not hold"
+            lines.append(
+                f"- {part}, {LABELS[row]} < FIT: {verdict} on the mean "
+                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {wins} of {len(seeds)} seeds"
+            )
+    return lines
+
+
+def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str], command: str) -> str:
+    rows = []
+    for key, result in results.items():
+        if not result.get("seeds"):
+            continue
+        row, part = key.rsplit("-", 1)
+        rows.append(
+            [
+                LABELS[row],
+                part,
+                f"{result.get('before', float('nan')):.2f}",
+                _cell(result, METRIC),
+                _cell(result, f"{METRIC}_weighted"),
+                f"{result['mb_up_per_round']:.2f}",
+                f"{result['mb_down_per_round']:.2f}",
+                str(result["seeds"]),
+            ]
+        )
+    headers = [
+        "method",
+        "partition",
+        "ppl before",
+        "personal ppl",
+        "weighted",
+        "MB up/round",
+        "MB down/round",
+        "seeds",
+    ]
+    return "\n".join(
+        [
+            f"# {cfg.name}: personalised perplexity (lower is better)",
+            "",
+            "Each client's own model on its own held-out split, averaged over clients.",
+            "",
+            f"`{command}`",
+            "",
+            markdown_table(headers, rows),
+            "",
+            "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
+            *ordering(results, partitions),
+        ]
+    )
+
+
+def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
+    """Kept share per layer and module, and the overlap (Jaccard) of the clients' masks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedtune.fl.aggregate import unpack_mask
+    from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return {}
+    masks = load_checkpoint(checkpoint)["algorithm"]["masks"]
+    clients = sorted(masks)
+    shapes = _shapes(run_dir)
+    flat = {c: {k: unpack_mask(v, shapes[k]) for k, v in masks[c].items()} for c in clients}
+    keys = list(shapes)
+    modules = sorted({_module(k)[1] for k in keys})
+    layers = sorted({_module(k)[0] for k in keys})
+    share = np.zeros((len(modules), len(layers)))
+    for key in keys:
+        layer, module = _module(key)
+        kept = np.mean([flat[c][key].mean() for c in clients])
+        share[modules.index(module), layers.index(layer)] += kept / 2  # A and B of one module
+    vectors = {c: np.concatenate([flat[c][k].ravel() for k in keys]) for c in clients}
+    overlap = np.array(
+        [
+            [(vectors[a] & vectors[b]).sum() / max(1, (vectors[a] | vectors[b]).sum()) for b in clients]
+            for a in clients
+        ]
+    )
+    stats = json.loads((run_dir / "data_stats.json").read_text())["counts"]
+    labels = [f"{c}: {'/'.join(sorted(stats.get(c, {})))[:28]}" for c in clients]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1.4, 1]})
+    image = left.imshow(share, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+    left.set_yticks(range(len(modules)), modules)
+    left.set_xticks(range(len(layers)), [str(i) for i in layers], fontsize=7)
+    left.set_xlabel("layer")
+    left.set_title("kept share of the expanded LoRA entries (mean over clients)")
+    figure.colorbar(image, ax=left)
+    image = right.imshow(overlap, cmap="magma", vmin=0, vmax=1)
+    right.set_xticks(range(len(clients)), clients, rotation=90, fontsize=7)
+    right.set_yticks(range(len(clients)), labels, fontsize=7)
+    right.set_title("mask overlap between clients (Jaccard)")
+    figure.colorbar(image, ax=right)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return {
+        "share": share.tolist(),
+        "modules": modules,
+        "layers": layers,
+        "overlap": overlap.tolist(),
+        "clients": clients,
+    }
+
+
+def _module(key: str) -> tuple[int, str]:
+    parts = key.split(".")
+    layer = int(parts[parts.index("layers") + 1])
+    return layer, parts[parts.index("layers") + 3]
+
+
+def _shapes(run_dir: Path) -> dict[str, tuple[int, ...]]:
+    from fedtune.algorithms.perfit import PerFIT
+    from fedtune.config import load_run_config
+    from fedtune.resources import Resources
+
+    cfg = load_run_config(run_dir)
+    return PerFIT(cfg).module_shapes(Resources(cfg))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument(
+        "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
+    )
+    parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    args = parser.parse_args(argv)
+    from fedtune.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    base = args.runs_dir / cfg.name
+    command = "python bench/perfit_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    dirs = {
+        f"{row}-{part}": [base / f"{row}-{part}-s{seed}" for seed in args.seeds]
+        for part in args.partitions
+        for row in args.rows
+    }
+    if not args.table_only:
+        jobs = [
+            (args.config, [*ROWS[row], *PARTITIONS[part], f"seed={seed}", *args.set], run_dir)
+            for part in args.partitions
+            for row in args.rows
+            for seed, run_dir in zip(args.seeds, dirs[f"{row}-{part}"], strict=True)
+        ]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for future in [pool.submit(run_one, *job) for job in jobs]:
+                future.result()
+    results = {key: summarise(paths) for key, paths in dirs.items()}
+    text = markdown(cfg, results, args.partitions, command)
+    stem = args.results_dir / f"table-{cfg.name}"
+    perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
+    if perfit_runs:
+        results["masks"] = mask_plot(perfit_runs[0], stem.with_name(stem.name + "-masks.png"))
+    write_table(stem, text, cfg.name, command, results)
+
+
+if __name__ == "__main__":
+    main()
