@@ -71,7 +71,7 @@ def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
         command += ["run", str(config), *overrides, "progress=false", "-o", str(run_dir)]
     print(" ".join(command), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log = run_dir.with_suffix(".log")
+    log = run_dir.parent / f"{run_dir.name}.log"  # not with_suffix: "s0.33" would be cut
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         subprocess.run(command, check=True, env=env, stdout=handle, stderr=subprocess.STDOUT)
