@@ -226,3 +226,29 @@ def test_traffic_is_shown_in_decimal_megabytes_everywhere() -> None:
     assert megabytes(2_500_000) == "2.50 MB"
     row = {"round": 1, "train_loss": 1.0, "bytes_up": 2_500_000, "eval": {}}
     assert "up 2.50 MB" in _round_summary(row)
+
+
+def test_report_shows_each_clients_own_evaluation(tmp_path: Path) -> None:
+    rows = [
+        {
+            "round": 0,
+            "eval": {"personal/perplexity": 9.0},
+            "eval_by_client": {"c00": {"perplexity": 8.0}, "c01": {"perplexity": 10.0}},
+        },
+        {
+            "round": 1,
+            "train_loss": 1.0,
+            "num_examples": 4,
+            "bytes_up": 10,
+            "bytes_down": 10,
+            "eval": {"personal/perplexity": 6.0},
+            "eval_by_client": {"c00": {"perplexity": 5.0}, "c01": {"perplexity": 7.0}},
+        },
+    ]
+    run_dir = write_run(tmp_path / "run", "p", "perfit", "".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "data_stats.json").write_text(
+        json.dumps({"counts": {"c00": {"nouns": 3}, "c01": {"verbs": 2}}})
+    )
+    text = squeeze(write_report(run_dir).read_text())
+    assert "## Per-client evaluation" in text
+    assert "| c00 | nouns | 8 | 5 |" in text and "| c01 | verbs | 10 | 7 |" in text

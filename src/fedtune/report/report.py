@@ -82,6 +82,7 @@ def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
     sections = [f"# Report: {run.name}\n\nRun directory: `{run_dir}`\n", _summary_section(run)]
     sections.append(_learning_curves_section(run, plots_dir))
     sections.append(_category_section(run, plots_dir))
+    sections.append(client_section(run))
     sections.append(_communication_section(run, plots_dir))
     sections.append(_partition_section(run, plots_dir))
     if others:
@@ -218,6 +219,30 @@ def _category_section(run: Run, plots_dir: Path) -> str:
     if unheld:
         lines.append(f"\n\\* in no client's training data: {', '.join(unheld)} (evaluated all the same).\n")
     return "\n".join([*lines, _image(title, path, plots_dir)])
+
+
+def client_section(run: Run) -> str:
+    """Client-side (personal) evaluation: each client's own metrics before and at the final round."""
+    before = (run.before_row or {}).get("eval_by_client") or {}
+    final = (run.final_row or {}).get("eval_by_client") or {}
+    if not final:
+        return ""
+    counts = (run.data_stats or {}).get("counts", {})
+    metrics = sorted({name for scores in final.values() for name in scores})
+    headers = ["client", "categories", *[f"{m} before" for m in metrics], *[f"{m} final" for m in metrics]]
+    rows: list[list[object]] = []
+    for client in sorted(final):
+        categories = ", ".join(sorted(counts.get(client, {}))) or "-"
+        rows.append(
+            [
+                client,
+                categories,
+                *[before.get(client, {}).get(m, "-") for m in metrics],
+                *[final[client].get(m, "-") for m in metrics],
+            ]
+        )
+    intro = "Each client's own model on its own held-out split (`eval.personal`).\n"
+    return "\n".join(["## Per-client evaluation\n", intro, markdown_table(headers, rows), ""])
 
 
 def trained_categories(counts: dict[str, dict[str, int]]) -> set[str]:
