@@ -241,6 +241,7 @@ BENCHMARK_SCRIPTS = {
     "p5": "proxy_decoding",
     "p6": "fedpt_server_time",
     "p8": "flower_overhead",
+    "p10": "perfit_step",
 }
 """The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
 

@@ -119,3 +119,12 @@ def test_p8_smoke_runs_both_backends(tmp_path: Path) -> None:
     # The two backends wrote the same metrics (loss, eval, bytes) for the same job.
     assert record["same_metrics"] is True
     assert {run["side"] for run in record["runs"]} == {"in_process", "flower"}
+
+
+def test_p10_smoke_times_masked_and_dense_steps(tmp_path: Path) -> None:
+    _load("perfit_step").main(["--smoke", "--results-dir", str(tmp_path), "--threads", "1"])
+    record = json.loads((tmp_path / "p10.smoke.json").read_text())
+    assert (tmp_path / "p10.smoke.md").read_text().startswith("P10")
+    assert set(record["median_seconds_per_step"]) == {"dense_r", "dense_re", "masked_re"}
+    assert all(_positive(v) for v in record["median_seconds_per_step"].values())
+    assert record["config"]["rank_e"] == 16 and _positive(record["search_over_epoch"])
