@@ -104,3 +104,17 @@ def test_only_masked_values_go_up_and_the_mask_only_once(tmp_path: Path) -> None
     assert all(sum(v.nbytes for v in arrays(p, VALUES).values()) == kept * 4 for p in fits)
     dense = sum(int(np.prod(s)) for s in shapes.values()) * 4
     assert max(payload_nbytes(p) for p in fits) < dense  # sparse upload: below the expanded dense size
+
+
+def test_clients_prune_one_common_initial_lora(tmp_path: Path) -> None:
+    # Alg. 2 starts every client from the same Delta theta_0: an entry two clients keep starts equal,
+    # which is what makes the parameter-wise mean of Alg. 3 meaningful.
+    cfg = tiny_config("perfit", "fed.rounds=1", "train.lr=1e-12", "eval.before=false")
+    _, seen = tapped(cfg, tmp_path / "run")
+    masks = masks_of(seen, shapes_of(cfg))
+    uploads = {c: arrays(p, VALUES) for d, c, t, _, p in seen if d == "up" and t == "fit"}
+    dense = {c: scatter_masked(uploads[c], masks[c]) for c in uploads}
+    key = next(iter(dense["c00"]))
+    both = masks["c00"][key] & masks["c01"][key]
+    assert both.any()
+    np.testing.assert_allclose(dense["c00"][key][both], dense["c01"][key][both], rtol=1e-5, atol=1e-8)

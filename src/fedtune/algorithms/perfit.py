@@ -5,7 +5,8 @@ attention projections (``lora.target_modules``; the paper's q, k, v) of the froz
 
 1. **Search** (Alg. 1; once, the first time a client is sampled, on its own training data): the LoRA
    is expanded to rank ``r_e = round(r / (1 - s))`` and initialised symmetrically, A and B ~ N(0, 1/d)
-   (zero-init B would make A's importance vanish). For t = 1..T_p the client accumulates gradients
+   (zero-init B would make A's importance vanish), one initialisation for all clients (Alg. 2's
+   input Delta theta_0; seeded by the run). For t = 1..T_p the client accumulates gradients
    over its local batches, scores every entry (first order ``|g w|``, second order ``|w H w|`` or mixed
    ``|g w - w H w / 2|``, with H the empirical Fisher diagonal: the mean over batches of the squared
    batch gradient) and keeps the ``round(N (k / N)^(t / T_p))`` highest-scoring entries of the N
@@ -222,7 +223,9 @@ class PerFIT(Algorithm[PerFITConfig]):
         model, _ = self.lora_model(ctx.resources)
         shapes = self.module_shapes(ctx.resources)
         section = self.section
-        weights = symmetric_init(shapes, derive_seed(self.cfg.seed, "perfit-init", ctx.client_id))
+        # One initial expanded LoRA for everyone (Alg. 2's input Delta theta_0), pruned per client: the
+        # entries several clients keep start equal, so their parameter-wise mean is meaningful.
+        weights = symmetric_init(shapes, derive_seed(self.cfg.seed, "perfit-init"))
         masks = {key: np.ones(shape, dtype=bool) for key, shape in shapes.items()}
         total, final = sum(m.size for m in masks.values()), kept_count(shapes, int(msg["budget"]))
         batches = self._batches(ctx, derive_seed(self.cfg.seed, "perfit-search", ctx.client_id))
