@@ -93,7 +93,10 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     """Final personalised perplexity over seeds, per-client values of the first seed, traffic."""
     finals = {}
     for run_dir in run_dirs:
-        evaluated = [r for r in read_rows(run_dir) if METRIC in r.get("eval", {})]
+        rows = read_rows(run_dir)
+        if not rows or not _finished(run_dir, rows):
+            continue  # an unfinished run (still going, or stopped) is not a seed of the table
+        evaluated = [r for r in rows if METRIC in r.get("eval", {})]
         if evaluated and evaluated[-1]["round"] > 0:
             finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]
     out: dict[str, Any] = {"seeds": len(finals)}
@@ -106,10 +109,11 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         out[f"{key}_by_seed"] = values
     first = next(iter(finals.values()))
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
-    rows = [r for r in read_rows(run_dirs[0]) if r.get("round", 0) > 0]
+    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
+    rows = [r for r in read_rows(done) if r.get("round", 0) > 0]
     out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 1e6
     out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 1e6
-    start = [r for r in read_rows(run_dirs[0]) if r.get("round") == 0 and METRIC in r.get("eval", {})]
+    start = [r for r in read_rows(done) if r.get("round") == 0 and METRIC in r.get("eval", {})]
     if start:
         out["before"] = start[0]["eval"][METRIC]
     return out
