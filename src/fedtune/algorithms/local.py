@@ -66,11 +66,16 @@ def fit_reply(
 ) -> Payload:
     """The trained ``params`` (fp32 arrays under ``prefix``) and the round's statistics."""
     reply: Payload = {prefix + k: p.detach().float().cpu().numpy().copy() for k, p in params.items()}
-    reply.update(
-        num_examples=len(ctx.data),
-        trained_examples=int(result.num_examples),
-        train_loss=float(result.loss),
-        tokens=int(result.tokens),
-        peak_mem_mb=float(result.peak_mem_mb),
-    )
+    reply.update(fit_scalars(ctx, result))
     return reply
+
+
+def fit_scalars(ctx: ClientContext, result: TrainResult) -> Payload:
+    """The round's statistics every fit reply carries (``REPLY_SCALARS`` plus the peak memory)."""
+    return {
+        "num_examples": len(ctx.data),
+        "trained_examples": int(result.num_examples),
+        "train_loss": float(result.loss),
+        "tokens": int(result.tokens),
+        "peak_mem_mb": float(result.peak_mem_mb),
+    }

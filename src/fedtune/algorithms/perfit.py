@@ -56,7 +56,7 @@ from fedtune.algorithms.base import (
     personal_reply,
 )
 from fedtune.algorithms.fedit import client_examples, fit_round_result
-from fedtune.algorithms.local import REPLY_SCALARS, train_selected
+from fedtune.algorithms.local import REPLY_SCALARS, fit_scalars, train_selected
 from fedtune.config import AlgorithmConfig
 from fedtune.data.tokenize import make_batches
 from fedtune.eval.evaluate import EvalResult
@@ -268,13 +268,7 @@ class PerFIT(Algorithm[PerFITConfig]):
         values = gather_masked(adapter_arrays(model), masks)
         ctx.state["values"] = values
         reply: Payload = {VALUES + key: value for key, value in values.items()}
-        reply.update(
-            num_examples=len(ctx.data),
-            trained_examples=int(result.num_examples),
-            train_loss=float(result.loss),
-            tokens=int(result.tokens),
-            peak_mem_mb=float(result.peak_mem_mb),
-        )
+        reply.update(fit_scalars(ctx, result))
         return reply
 
     def _update(self, ctx: ClientContext, msg: Payload) -> Payload:
