@@ -16,7 +16,7 @@ from fedtune.algorithms.base import derive_seed
 from fedtune.data.tokenize import Example
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload
-from fedtune.train.loop import TrainResult
+from fedtune.train.loop import Batch, LossFn, TrainResult, sft_loss
 from fedtune.train.sft import local_sft
 
 # num_examples: the client's data size, FedAvg's aggregation weight; trained_examples: what it trained on
@@ -33,10 +33,13 @@ def train_selected(
     pad_token_id: int,
     prox_mu: float = 0.0,
     grad_masks: Mapping[str, torch.Tensor] | None = None,
+    batches: Sequence[Batch] | None = None,
+    loss_fn: LossFn = sft_loss,
 ) -> TrainResult:
     """One round of local SFT of exactly ``params`` on ``examples``, seeded by (seed, round, client).
 
     ``grad_masks`` is keyed like ``params``; entries outside a mask neither train nor move.
+    ``batches``/``loss_fn``: prebuilt batches and their loss instead (``local_sft``).
     """
     names = {id(p): name for name, p in model.named_parameters()}
     masks = None
@@ -58,6 +61,8 @@ def train_selected(
         report=ctx.report,
         trainable=params,
         grad_masks=masks,
+        batches=batches,
+        loss_fn=loss_fn,
     )
 
 

@@ -9,7 +9,16 @@ from typing import Protocol
 import torch
 
 from fedtune.data.tokenize import Example, make_batches
-from fedtune.train.loop import FP32Master, Reporter, TrainResult, steps_for, train_local
+from fedtune.train.loop import (
+    Batch,
+    FP32Master,
+    LossFn,
+    Reporter,
+    TrainResult,
+    sft_loss,
+    steps_for,
+    train_local,
+)
 from fedtune.train.optim import build_optimizer, build_scheduler
 
 
@@ -60,6 +69,8 @@ def local_sft(
     report: Reporter | None = None,
     trainable: Mapping[str, torch.nn.Parameter] | None = None,
     grad_masks: Mapping[str, torch.Tensor] | None = None,
+    batches: Sequence[Batch] | None = None,
+    loss_fn: LossFn = sft_loss,
 ) -> TrainResult:
     """``train.local_epochs`` epochs (or ``train.max_steps``) of SFT with a fresh optimizer.
 
@@ -69,12 +80,19 @@ def local_sft(
     ``prox_mu`` adds the proximal term towards the starting point.
     ``seed`` fixes the batch order and every random op (dropout), so a resumed run repeats the
     exact same steps.
+
+    ``batches`` replaces the batches built from ``examples``: the round's own, one shuffle per started
+    epoch (``epochs_started``), e.g. with extra tensors a custom ``loss_fn`` reads (FedMKT's teachers).
     """
-    if not examples:
+    if batches is None and not examples:
         raise ValueError("local_sft: this client has no training examples")
     with only_trainable(model, trainable):
         torch.manual_seed(seed)
-        batches, steps = _round_batches(examples, train, pad_token_id, seed, bucketing)
+        if batches is None:
+            batches, steps = _round_batches(examples, train, pad_token_id, seed, bucketing)
+        else:
+            per_epoch = len(batches) // epochs_started(train.local_epochs)
+            steps = steps_for(per_epoch, train.local_epochs, train.grad_accum, train.max_steps)
         # A half-precision model trains its selected full layers through fp32 master copies.
         master = FP32Master.needed({n: p for n, p in model.named_parameters() if p.requires_grad})
         optimizer = build_optimizer(
@@ -113,6 +131,7 @@ def local_sft(
             report=report,
             grad_masks=grad_masks,
             master=master,
+            loss_fn=loss_fn,
         )
 
 
@@ -120,7 +139,7 @@ def _round_batches(
     examples: Sequence[Example], train: SFTSettings, pad_token_id: int, seed: int, bucketing: bool
 ) -> tuple[list[dict[str, torch.Tensor]], int]:
     """The round's batches (one shuffle per started epoch) and its number of optimizer steps."""
-    epochs = max(1, int(-(-train.local_epochs // 1)))
+    epochs = epochs_started(train.local_epochs)
     batches = [
         batch
         for epoch in range(epochs)
@@ -130,6 +149,11 @@ def _round_batches(
     ]
     per_epoch = len(batches) // epochs
     return batches, steps_for(per_epoch, train.local_epochs, train.grad_accum, train.max_steps)
+
+
+def epochs_started(local_epochs: float) -> int:
+    """Epochs a round starts (1.5 epochs start 2), each with its own shuffle."""
+    return max(1, int(-(-local_epochs // 1)))
 
 
 @contextmanager
