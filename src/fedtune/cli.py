@@ -28,8 +28,10 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="The offline model zoo.", no_args_is_help=True)
 data_app = typer.Typer(help="Built-in datasets and partitions.", no_args_is_help=True)
+align_app = typer.Typer(help="Token alignment between two tokenizers (FedMKT).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
+app.add_typer(align_app, name="align")
 app.add_typer(flower_app, name="flower")
 
 console = Console(stderr=True)
@@ -242,6 +244,8 @@ BENCHMARK_SCRIPTS = {
     "p6": "fedpt_server_time",
     "p8": "flower_overhead",
     "p10": "perfit_step",
+    "p1": "token_align",
+    "p2": "token_align",
 }
 """The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
 
@@ -437,3 +441,67 @@ def data_stats(
     part = cfg.data.partition
     plot_partition(counts, target, f"{cfg.data.dataset}: {part.scheme} over {len(counts)} clients")
     out.print(f"plot: {target}")
+
+
+MapCacheOption = Annotated[
+    Path | None, typer.Option("--map-cache", help="vocabulary map cache (default <fedtune cache>/align)")
+]
+
+
+@align_app.command("vocab")
+def align_vocab(
+    source: Annotated[str, typer.Argument(help="source model (any model name, tiny ones included)")],
+    target: Annotated[str, typer.Argument(help="target model")],
+    examples: Annotated[int, typer.Option(help="inexact mappings to show")] = 8,
+    cache_dir: CacheOption = None,
+    map_cache: MapCacheOption = None,
+) -> None:
+    """The minimum-edit-distance vocabulary map SOURCE -> TARGET: coverage, distances, time."""
+    import time
+
+    from fedtune.align import VocabMapStats, vocab_map_of_strings, vocabulary_strings
+    from fedtune.align.report import distance_histogram, mapping_examples, vocab_summary
+    from fedtune.align.vocab import cache_path
+    from fedtune.models.loading import load_tokenizer
+
+    try:
+        source_strings = vocabulary_strings(load_tokenizer(source, cache_dir=cache_dir))
+        target_strings = vocabulary_strings(load_tokenizer(target, cache_dir=cache_dir))
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    cached = cache_path(source_strings, target_strings, map_cache).is_file()
+    started = time.perf_counter()
+    vmap = vocab_map_of_strings(source_strings, target_strings, cache_dir=map_cache, progress=True)
+    stats = VocabMapStats.of(source_strings, target_strings, vmap, time.perf_counter() - started)
+    out.print(vocab_summary(source, target, stats, cached))
+    out.print(distance_histogram(stats))
+    inexact = [i for i, j in enumerate(vmap.tolist()) if source_strings[i] != target_strings[j]]
+    shown = inexact[:: max(1, len(inexact) // examples)][:examples] if examples > 0 else []
+    if shown:
+        out.print(mapping_examples(source_strings, target_strings, vmap, shown))
+
+
+@align_app.command("show")
+def align_show(
+    source: Annotated[str, typer.Argument(help="source model")],
+    target: Annotated[str, typer.Argument(help="target model")],
+    text: Annotated[str, typer.Argument(help="the text to tokenize with both")],
+    cache_dir: CacheOption = None,
+) -> None:
+    """Both tokenizations of TEXT and their DTW alignment, 1:1 matches marked."""
+    from fedtune.align import align_sequences, display_token, one_to_one, token_strings
+    from fedtune.align.report import alignment_table
+    from fedtune.models.loading import load_tokenizer
+
+    try:
+        tokenizers = [load_tokenizer(name, cache_dir=cache_dir) for name in (source, target)]
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    strings = [token_strings(tok, tok(text, add_special_tokens=False)["input_ids"]) for tok in tokenizers]
+    for name, tokens in zip((source, target), strings, strict=True):
+        out.print(f"[bold]{name}[/] ({len(tokens)} tokens): " + " | ".join(display_token(t) for t in tokens))
+    source_strings, target_strings = strings
+    path = align_sequences(source_strings, target_strings)
+    match = one_to_one(source_strings, target_strings)
+    out.print(alignment_table(source, target, source_strings, target_strings, path, match))
+    out.print(f"1:1 matches: {int((match >= 0).sum())} of {len(target_strings)} target tokens")

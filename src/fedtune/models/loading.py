@@ -1,7 +1,8 @@
 """Turn a model name into a ready (model, tokenizer) pair: on a device, in a dtype, in eval mode.
 
 A name is tried, in order, as:
-1. ``tiny-<arch>`` or ``tiny-<arch>-L<layers>-H<hidden>``: a seeded random model from `fedtune.models.tiny`;
+1. ``tiny-<arch>[-L<layers>-H<hidden>][-<tokenizer>]``: a seeded random model from `fedtune.models.tiny`
+   (tokenizer: ``bpe`` or ``spm``; none for the byte-level one);
 2. a zoo name (`fedtune.models.zoo`): fetched and converted once, then loaded from the cache;
 3. a model made by ``fedtune models derive`` (`fedtune.models.derive`), in ``<cache>/derived/<name>/``;
 4. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
@@ -27,7 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from fedtune.models.tiny import TINY_ARCHS, tiny_model, tiny_tokenizer
+from fedtune.models.tiny import TINY_ARCHS, TINY_TOKENIZERS, tiny_model, tiny_tokenizer
 from fedtune.models.zoo import convert_gguf_cached, default_cache_dir, fetch, get_entry, zoo_names
 
 ModelKind = Literal["causal-lm", "encoder"]
@@ -46,7 +47,9 @@ _DTYPES = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-_TINY_NAME = re.compile(r"tiny-(?P<arch>[a-z0-9]+)(?:-L(?P<layers>\d+)-H(?P<hidden>\d+))?")
+_TINY_NAME = re.compile(
+    r"tiny-(?P<arch>[a-z0-9]+)(?:-L(?P<layers>\d+)-H(?P<hidden>\d+))?(?:-(?P<tokenizer>[a-z0-9]+))?"
+)
 # Derived models live in <cache>/derived/<name>/; the record file, written last, marks one as complete.
 DERIVED_DIR = "derived"
 DERIVED_MARKER = "derive.json"
@@ -62,21 +65,29 @@ class TinySpec:
     arch: str
     num_layers: int = 2
     hidden: int = 32
+    tokenizer: str = "byte"
 
 
 def parse_tiny_name(name: str) -> TinySpec | None:
-    """``tiny-llama`` -> TinySpec("llama"); ``tiny-qwen2-L4-H64`` -> 4 layers of width 64; else None."""
+    """``tiny-llama`` -> TinySpec("llama"); ``tiny-qwen2-L4-H64`` -> 4 layers of width 64;
+    ``tiny-llama-spm`` -> the SentencePiece style tokenizer; a name not starting with tiny- -> None."""
     if not name.startswith("tiny-"):
         return None
     match = _TINY_NAME.fullmatch(name)
     if match is None or match["arch"] not in TINY_ARCHS:
         raise ModelError(
-            f"bad tiny model name {name!r}: use tiny-<arch> or tiny-<arch>-L<layers>-H<hidden> "
+            f"bad tiny model name {name!r}: use tiny-<arch>[-L<layers>-H<hidden>][-<tokenizer>] "
             f"with arch one of {', '.join(TINY_ARCHS)}"
         )
+    tokenizer = match["tokenizer"] or "byte"
+    if tokenizer not in TINY_TOKENIZERS:
+        raise ModelError(
+            f"bad tiny model name {name!r}: unknown tokenizer suffix -{tokenizer}; valid suffixes: "
+            f"{', '.join('-' + family for family in TINY_TOKENIZERS)} (none: byte)"
+        )
     if match["layers"] is None:
-        return TinySpec(match["arch"])
-    spec = TinySpec(match["arch"], int(match["layers"]), int(match["hidden"]))
+        return TinySpec(match["arch"], tokenizer=tokenizer)
+    spec = TinySpec(match["arch"], int(match["layers"]), int(match["hidden"]), tokenizer)
     # tiny.py gives every attention head a width of 16.
     if spec.num_layers < 1 or spec.hidden < 16 or spec.hidden % 16:
         raise ModelError(
@@ -193,7 +204,7 @@ def _not_found(name: str, err: BaseException) -> ModelError:
     return ModelError(
         f"{name!r} is not a tiny model, a zoo model, a local directory or a .gguf file, and was not found "
         f"{where}.{hint} Zoo models: {', '.join(zoo_names())}; tiny models: "
-        f"tiny-<arch>[-L<layers>-H<hidden>] with arch one of {', '.join(TINY_ARCHS)}. "
+        f"tiny-<arch>[-L<layers>-H<hidden>][-<tokenizer>] with arch one of {', '.join(TINY_ARCHS)}. "
         f"({type(err).__name__}: {str(err).splitlines()[0]})"
     )
 
@@ -255,7 +266,13 @@ def load_causal_lm(
     if tiny is not None:
         if tiny.arch == "bert":
             raise ModelError(f"{name} is an encoder, not a causal LM: use load_encoder_classifier")
-        model, tokenizer = tiny_model(tiny.arch, num_layers=tiny.num_layers, hidden=tiny.hidden, seed=seed)
+        model, tokenizer = tiny_model(
+            tiny.arch,
+            num_layers=tiny.num_layers,
+            hidden=tiny.hidden,
+            seed=seed,
+            tokenizer=tiny_tokenizer(tiny.tokenizer),
+        )
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
     source = resolve_source(name, "causal-lm", cache_dir, gguf_file)
     _load_config(source, name, "causal-lm")
@@ -271,7 +288,7 @@ def load_tokenizer(
     """Only the tokenizer of ``name`` (with a pad token), for a party that must not load the model."""
     tiny = parse_tiny_name(name)
     if tiny is not None:
-        tokenizer: PreTrainedTokenizerBase = tiny_tokenizer()
+        tokenizer: PreTrainedTokenizerBase = tiny_tokenizer(tiny.tokenizer)
     else:
         tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "causal-lm", cache_dir, gguf_file))
     if tokenizer.pad_token is None:
@@ -309,7 +326,12 @@ def load_encoder_classifier(
         if tiny.arch != "bert":
             raise ModelError(f"tiny classifiers are BERT only: use tiny-bert, not {name}")
         model, tokenizer = tiny_model(
-            "bert", num_layers=tiny.num_layers, hidden=tiny.hidden, num_labels=num_labels, seed=seed
+            "bert",
+            num_layers=tiny.num_layers,
+            hidden=tiny.hidden,
+            num_labels=num_labels,
+            seed=seed,
+            tokenizer=tiny_tokenizer(tiny.tokenizer),
         )
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
     source = resolve_source(name, "encoder", cache_dir, gguf_file)
