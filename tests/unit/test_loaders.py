@@ -153,6 +153,7 @@ def test_load_dataset_records_prefers_builtin_names(tmp_path: Path) -> None:
 
     assert load_dataset_records(str(path), "train") == ALPACA_RECORDS
     assert len(load_dataset_records("arith-word-problems", "validation")) == 500
+    assert load_dataset_records("wordnet-wic", "test")[0].choices == ("no", "yes")
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 class BuiltinInfo:
     name: str
     description: str
-    task: str  # "generation" | "math" | "classification"
+    task: str  # "generation" | "math" | "classification" | "code" | "multiple_choice"
     categories: tuple[str, ...]
     splits: dict[str, int]  # split name -> number of examples
     licence: str
@@ -63,4 +63,4 @@ def load_builtin(name: str, split: str = "train") -> list[Record]:
         raise DataError(f"built-in dataset '{name}' has no split '{split}' (valid: {', '.join(info.splits)})")
     # The files are generated and checked by our own script, so rows map straight onto Record.
     with gzip.open(info.path / f"{split}.jsonl.gz", "rt", encoding="utf-8") as handle:
-        return [Record(**json.loads(line)) for line in handle]
+        return [Record.from_dict(json.loads(line)) for line in handle]

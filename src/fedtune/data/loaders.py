@@ -5,6 +5,10 @@ Hugging Face ``datasets`` (a ``save_to_disk`` directory or a dataset id). Schema
 (instruction / input / output) and Dolly (instruction / context / response / category), as
 the real files spell them. Every error names the file, the line (JSONL, CSV; 1-based) or the
 index (JSON, Parquet, HF) and the field, so a bad row can be found and fixed.
+
+Multiple-choice rows add ``choices`` (a list of two or more distinct, non-empty strings) and
+``label`` (the right choice's index, or its text); ``output`` may be left out and is then the right
+choice's text. Without ``choices``, a ``label`` field is ignored, as before choices existed.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import difflib
 import gzip
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedtune.data.builtin import list_builtin, load_builtin
 from fedtune.data.code import HUMANEVAL, humaneval_records
-from fedtune.data.records import DataError, Record
+from fedtune.data.records import NO_LABEL, DataError, Record
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
 SCHEMAS = ("auto", "alpaca", "dolly")
@@ -223,6 +227,8 @@ def _detect_schema(row: dict[str, Any], where: str) -> str:
         return "alpaca"
     if "response" in row:
         return "dolly"
+    if "choices" in row:  # a multiple-choice row may leave its answer text out
+        return "dolly" if "context" in row else "alpaca"
     raise DataError(
         f"{where}: cannot detect the schema from fields {sorted(row)}; expected Alpaca (instruction, input, "
         "output) or Dolly (instruction, context, response); pass schema= or field_map="
@@ -231,13 +237,62 @@ def _detect_schema(row: dict[str, Any], where: str) -> str:
 
 def _to_record(row: dict[str, Any], schema: str, where: str, position: int) -> Record:
     fields = SCHEMA_FIELDS[schema]
+    choices, label = _choices(row, fields["output"], where)
+    given_output = row.get(fields["output"]) is not None or not choices
     return Record(
         instruction=_text(row, fields["instruction"], where, required=True),
-        output=_text(row, fields["output"], where, required=True),
+        output=_text(row, fields["output"], where, required=True) if given_output else choices[label],
         input=_text(row, fields["input"], where, required=False),
         category=_text(row, "category", where, required=False) or "general",
         id=_identifier(row, where) or str(position),
+        choices=choices,
+        label=label,
     )
+
+
+def _choices(row: dict[str, Any], output_field: str, where: str) -> tuple[tuple[str, ...], int]:
+    """``(choices, label index)`` of a multiple-choice row, ``((), NO_LABEL)`` for any other row."""
+    raw = row.get("choices")
+    if raw is None:
+        return (), NO_LABEL
+    if isinstance(raw, str) or not isinstance(raw, Sequence) or not all(isinstance(c, str) for c in raw):
+        shown = f"{raw!r}" if isinstance(raw, Sequence) else type(raw).__name__
+        raise DataError(f"{where}: field 'choices' must be a list of strings, got {shown}")
+    choices = tuple(raw)
+    if len(choices) < 2:
+        raise DataError(f"{where}: field 'choices' needs at least 2 choices, got {len(choices)}")
+    if any(not choice.strip() for choice in choices):
+        raise DataError(f"{where}: field 'choices' has an empty choice")
+    repeated = [choice for index, choice in enumerate(choices) if choice in choices[:index]]
+    if repeated:
+        raise DataError(f"{where}: field 'choices' has {repeated[0]!r} twice")
+    output = _text(row, output_field, where, required=True) if row.get(output_field) is not None else None
+    label = _label(row.get("label"), choices, output, where)
+    if output is not None and output != choices[label]:
+        raise DataError(
+            f"{where}: field '{output_field}' is {output!r}, but the labelled choice is {choices[label]!r} "
+            f"(leave '{output_field}' out, or make it the right choice's text)"
+        )
+    return choices, label
+
+
+def _label(label: Any, choices: tuple[str, ...], output: str | None, where: str) -> int:
+    """The right choice's index: ``label`` as an index or a choice's text, else ``output``'s choice."""
+    if label is None:
+        if output in choices:
+            return choices.index(output)
+        raise DataError(f"{where}: missing field 'label' (the index or the text of the right choice)")
+    if isinstance(label, str):
+        if label not in choices:
+            raise DataError(f"{where}: field 'label' {label!r} is not one of the choices {list(choices)}")
+        return choices.index(label)
+    if isinstance(label, bool) or not isinstance(label, int):
+        raise DataError(
+            f"{where}: field 'label' must be an index or a choice's text, got {type(label).__name__}"
+        )
+    if not 0 <= label < len(choices):
+        raise DataError(f"{where}: field 'label' {label} is out of range for {len(choices)} choices")
+    return label
 
 
 def _text(row: dict[str, Any], field: str, where: str, *, required: bool) -> str:
