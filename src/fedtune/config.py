@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from fedtune.data.builtin import list_builtin
 from fedtune.plugins import algorithm_class, algorithm_names
 
 
@@ -126,10 +127,23 @@ class FedConfig(Section):
     wire_dtype: Literal["fp32", "fp16"] = "fp32"
 
 
+EvalMetric = Literal[
+    "rougeL",
+    "perplexity",
+    "dist3",
+    "dist4",
+    "exact_match",
+    "numeric_accuracy",
+    "pass_at_1",
+    "acc",
+    "acc_norm",
+]
+# lm-eval's multiple-choice accuracies: they score only records with choices.
+CHOICE_METRICS = ("acc", "acc_norm")
+
+
 class EvalConfig(Section):
-    metrics: list[
-        Literal["rougeL", "perplexity", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1"]
-    ] = ["rougeL", "perplexity"]
+    metrics: list[EvalMetric] = ["rougeL", "perplexity"]
     every: int = Field(1, ge=1)
     before: bool = True
     max_examples: int | None = Field(32, ge=1)
@@ -257,6 +271,13 @@ class ExperimentConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_choice_metrics(self) -> ExperimentConfig:
+        problem = _choice_metric_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
     def run_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.name
 
@@ -277,6 +298,31 @@ CONFIG_PROBLEMS = "fedtune_config"
 def _problems(lines: list[str]) -> PydanticCustomError:
     """Config problems found outside pydantic's own checks, reported through its error list."""
     return PydanticCustomError(CONFIG_PROBLEMS, "{problems}", {"problems": "\n".join(lines)})
+
+
+def _choice_metric_problem(cfg: ExperimentConfig) -> str | None:
+    """``acc`` / ``acc_norm`` asked of a built-in dataset without choices, named by its config key.
+
+    Files are not opened here: a record without choices there stops the evaluation instead.
+    """
+    wanted = [metric for metric in cfg.eval.metrics if metric in CHOICE_METRICS]
+    if not wanted:
+        return None
+    tasks = {info.name: info.task for info in list_builtin()}
+    evaluated = {"data.eval_dataset": cfg.data.eval_dataset} if cfg.data.eval_dataset else {}
+    if not cfg.data.eval_dataset or cfg.eval.personal:
+        evaluated["data.dataset"] = cfg.data.dataset
+    evaluated.update({f"eval.extra_datasets[{i}]": name for i, name in enumerate(cfg.eval.extra_datasets)})
+    for key, name in evaluated.items():
+        task = tasks.get(name, "multiple_choice")
+        if task != "multiple_choice":
+            choice_sets = ", ".join(sorted(n for n, t in tasks.items() if t == "multiple_choice"))
+            return (
+                f"eval.metrics: {wanted[0]!r} scores multiple-choice records, but {key} is '{name}', a "
+                f"{task} dataset without choices; evaluate on a multiple_choice one ({choice_sets}) or drop "
+                f"{' and '.join(repr(metric) for metric in wanted)}"
+            )
+    return None
 
 
 def _top_level_problems(raw: dict[str, Any], algorithm: Any) -> list[str]:

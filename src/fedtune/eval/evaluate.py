@@ -1,4 +1,5 @@
-"""Evaluate a causal LM on records: generation metrics and perplexity, per category too."""
+"""Evaluate a causal LM on records: generation metrics, multiple-choice accuracy (``acc``,
+``acc_norm``) and perplexity, per category too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName, build_prompt
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.decode.generate import generate_texts
-from fedtune.eval.scoring import perplexity, score_generations
+from fedtune.eval.metrics import by_category, mean
+from fedtune.eval.scoring import (
+    CHOICE_METRICS,
+    NUM_SAMPLES,
+    multiple_choice_scores,
+    perplexity,
+    score_generations,
+)
 from fedtune.fl.payload import Payload
 
 
@@ -91,6 +99,58 @@ def evaluate_generations(
     return EvalResult(metrics, by_category, samples)
 
 
+def check_choice_records(records: Sequence[Record], metric: str) -> None:
+    """Raise naming the first record without choices: ``metric`` cannot score it."""
+    for position, rec in enumerate(records):
+        if not rec.is_multiple_choice:
+            raise ValueError(
+                f"metric {metric!r}: record {rec.id!r} (example {position}, category {rec.category!r}) has "
+                f"no choices; {' and '.join(CHOICE_METRICS)} score only multiple-choice records (a built-in "
+                "multiple_choice dataset such as wordnet-wic, or rows with 'choices' and 'label'); "
+                "drop the metric from eval.metrics or evaluate on such a dataset"
+            )
+
+
+def evaluate_choices(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[Record],
+    settings: EvalSettings,
+    *,
+    template: TemplateName,
+    max_length: int | None = None,
+) -> EvalResult:
+    """The ``acc`` / ``acc_norm`` of ``settings.metrics`` on multiple-choice ``records``, per category too.
+
+    Each choice is scored by its log-likelihood after the record's prompt under ``template`` (the
+    prompt training puts before ``output``, which is the right choice), in batches of
+    ``settings.batch_size``. Samples show the prompt, the ``acc`` choice and the right one.
+    """
+    wanted = [metric for metric in settings.metrics if metric in CHOICE_METRICS]
+    if not wanted:
+        return EvalResult({})
+    records = list(records)
+    check_choice_records(records, wanted[0])
+    prompts = [build_prompt(rec, template, tokenizer) for rec in records]
+    scores = multiple_choice_scores(
+        model,
+        tokenizer,
+        prompts,
+        [rec.choices for rec in records],
+        [rec.label for rec in records],
+        batch_size=settings.batch_size,
+        max_length=max_length,
+    )
+    categories = [rec.category for rec in records]
+    metrics = {metric: mean(scores.hits[metric]) for metric in wanted}
+    per_category = {metric: by_category(scores.hits[metric], categories) for metric in wanted}
+    samples = [
+        {"prompt": prompt, "prediction": rec.choices[choice], "reference": rec.output}
+        for prompt, rec, choice in zip(prompts[:NUM_SAMPLES], records, scores.predicted, strict=False)
+    ]
+    return EvalResult(metrics, per_category, samples)
+
+
 def perplexity_batches(
     records: Sequence[Record],
     tokenizer: PreTrainedTokenizerBase,
@@ -114,6 +174,9 @@ def evaluate_lm(
     max_length: int,
     seed: int,
 ) -> EvalResult:
+    """``model`` on ``records``: the generation metrics, ``acc`` / ``acc_norm`` and ``perplexity`` of
+    ``settings.metrics``; ``max_length`` bounds the scored sequences as in training."""
+
     def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
         return generate_texts(
             model,
@@ -126,7 +189,10 @@ def evaluate_lm(
             seed=sample_seed,
         )
 
-    result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
+    result = merge_results(
+        evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed),
+        evaluate_choices(model, tokenizer, records, settings, template=template, max_length=max_length),
+    )
     if "perplexity" in settings.metrics:
         batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
         result.metrics["perplexity"] = float(perplexity(model, batches))

@@ -113,6 +113,30 @@ def perplexity_from_nll(total_nll: float, num_tokens: int) -> float:
         return math.inf
 
 
+def choice_predictions(
+    scores: Sequence[Sequence[float]], choices: Sequence[Sequence[str]], *, normalize: bool = False
+) -> list[int]:
+    """Index of the best choice per question from each choice's summed log-likelihood.
+
+    ``normalize`` divides each log-likelihood by its choice's length in characters first (lm-eval's
+    ``acc_norm``; ``acc`` compares the sums). Ties go to the first choice, as ``numpy.argmax``.
+    """
+    predictions = []
+    for row, options in zip(scores, choices, strict=True):
+        if len(row) != len(options):
+            raise ValueError(f"{len(row)} scores for {len(options)} choices")
+        values = (
+            [score / len(choice) for score, choice in zip(row, options, strict=True)] if normalize else row
+        )
+        predictions.append(max(range(len(values)), key=values.__getitem__))
+    return predictions
+
+
+def choice_hits(predictions: Sequence[int], answers: Sequence[int]) -> list[float]:
+    """1.0 where the predicted choice is the answer, else 0.0."""
+    return [float(predicted == answer) for predicted, answer in zip(predictions, answers, strict=True)]
+
+
 def by_category(scores: Sequence[float], categories: Sequence[str]) -> dict[str, float]:
     """Mean score per category, keys sorted so reports are stable across runs."""
     grouped: defaultdict[str, list[float]] = defaultdict(list)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -27,6 +28,8 @@ from fedtune.decode.generate import (
 from fedtune.eval.code_exec import pass_at_1
 from fedtune.eval.metrics import (
     by_category,
+    choice_hits,
+    choice_predictions,
     dist_n,
     exact_match,
     mean,
@@ -53,6 +56,9 @@ CORPUS_METRICS: dict[str, Callable[[Sequence[str]], float]] = {
     "dist4": partial(dist_n, n=4),
 }
 GENERATION_METRICS = (*PER_EXAMPLE_METRICS, *RECORD_METRICS, *CORPUS_METRICS)
+# Log-likelihood of each choice after the prompt (lm-eval's multiple-choice metrics); they need
+# records with choices.
+CHOICE_METRICS = ("acc", "acc_norm")
 
 
 def label_log_likelihoods(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -101,13 +107,16 @@ def perplexity(model: nn.Module, batches: Iterable[Mapping[str, Tensor]]) -> flo
 
 
 def choice_example(
-    tokenizer: PreTrainedTokenizerBase, context: str, continuation: str
+    tokenizer: PreTrainedTokenizerBase, context: str, continuation: str, max_length: int | None = None
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` scoring ``continuation`` after ``context``, split as lm-eval does.
 
     Trailing whitespace of the context moves to the continuation (BPE vocabularies attach spaces
     to the following word), the pair is tokenized whole so merges across the boundary match what
-    the model would see, and the context's own token count decides where scoring starts.
+    the model would see, and the context's own token count decides where scoring starts. For the
+    templates' prompts (they end in a newline) and the zoo's tokenizers these are exactly the tokens
+    training puts before EOS. Past ``max_length`` tokens the context loses its first tokens, as
+    training cuts a long prompt from the left.
     """
     num_spaces = len(context) - len(context.rstrip())
     if num_spaces:
@@ -116,7 +125,10 @@ def choice_example(
     context_length = len(tokenizer(context)["input_ids"])
     if context_length >= len(input_ids):
         raise ValueError(f"choice {continuation!r} adds no tokens after its prompt")
-    return input_ids, [IGNORE_INDEX] * context_length + input_ids[context_length:]
+    labels = [IGNORE_INDEX] * context_length + input_ids[context_length:]
+    if max_length is not None:
+        return input_ids[-max_length:], labels[-max_length:]
+    return input_ids, labels
 
 
 def choice_log_likelihoods(
@@ -126,27 +138,66 @@ def choice_log_likelihoods(
     choices: Sequence[Sequence[str]],
     *,
     batch_size: int = 16,
+    max_length: int | None = None,
 ) -> list[list[float]]:
-    """Summed log-likelihood of every choice given its prompt, one list per prompt."""
+    """Summed log-likelihood of every choice given its prompt, one list per prompt.
+
+    All (prompt, choice) pairs are scored in batches of ``batch_size``, longest first so that a
+    batch holds sequences of similar length (little padding); the result keeps the input order.
+    """
     examples = [
-        choice_example(tokenizer, prompt, choice)
+        choice_example(tokenizer, prompt, choice, max_length)
         for prompt, options in zip(prompts, choices, strict=True)
         for choice in options
     ]
+    order = sorted(range(len(examples)), key=lambda index: -len(examples[index][0]))
     pad_id = pad_token_id(tokenizer)
-    scores: list[float] = []
+    scores = [0.0] * len(examples)
     with evaluating(model):
-        for start in range(0, len(examples), batch_size):
-            chunk = examples[start : start + batch_size]
-            input_ids, attention_mask = pad_sequences([ids for ids, _ in chunk], pad_id, side="right")
-            labels, _ = pad_sequences([labels for _, labels in chunk], IGNORE_INDEX, side="right")
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            input_ids, attention_mask = pad_sequences([examples[i][0] for i in chunk], pad_id, side="right")
+            labels, _ = pad_sequences([examples[i][1] for i in chunk], IGNORE_INDEX, side="right")
             batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-            scores.extend(batch_log_likelihoods(model, batch)[0].tolist())
+            for index, score in zip(chunk, batch_log_likelihoods(model, batch)[0].tolist(), strict=True):
+                scores[index] = score
     grouped, offset = [], 0
     for options in choices:
         grouped.append(scores[offset : offset + len(options)])
         offset += len(options)
     return grouped
+
+
+@dataclass(frozen=True)
+class ChoiceScores:
+    """Per question: ``hits[metric]`` (1.0 / 0.0 for ``acc`` and ``acc_norm``) and ``predicted``,
+    the index of the choice ``acc`` picks."""
+
+    hits: dict[str, list[float]]
+    predicted: list[int]
+
+
+def multiple_choice_scores(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    answers: Sequence[int],
+    *,
+    batch_size: int = 16,
+    max_length: int | None = None,
+) -> ChoiceScores:
+    """``acc`` and ``acc_norm`` of every question from one log-likelihood pass over its choices
+    (the two rules: ``metrics.choice_predictions``)."""
+    scores = choice_log_likelihoods(
+        model, tokenizer, prompts, choices, batch_size=batch_size, max_length=max_length
+    )
+    predicted = choice_predictions(scores, choices)
+    hits = {
+        "acc": choice_hits(predicted, answers),
+        "acc_norm": choice_hits(choice_predictions(scores, choices, normalize=True), answers),
+    }
+    return ChoiceScores(hits, predicted)
 
 
 def multiple_choice_accuracy(
@@ -164,14 +215,8 @@ def multiple_choice_accuracy(
     ``normalize`` divides each choice's log-likelihood by its length in characters first
     (lm-eval ``acc_norm``), which stops short choices winning merely for having fewer tokens.
     """
-    scores = choice_log_likelihoods(model, tokenizer, prompts, choices, batch_size=batch_size)
-    if normalize:
-        scores = [
-            [score / len(choice) for score, choice in zip(row, options, strict=True)]
-            for row, options in zip(scores, choices, strict=True)
-        ]
-    predicted = [max(range(len(row)), key=row.__getitem__) for row in scores]
-    return mean([float(guess == answer) for guess, answer in zip(predicted, answers, strict=True)])
+    scores = multiple_choice_scores(model, tokenizer, prompts, choices, answers, batch_size=batch_size)
+    return mean(scores.hits["acc_norm" if normalize else "acc"])
 
 
 def classification_accuracy(model: nn.Module, batches: Iterable[Mapping[str, Tensor]]) -> float:
