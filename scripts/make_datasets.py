@@ -2,12 +2,17 @@
 
     python scripts/make_datasets.py [--out DIR] [--only NAME ...] [--wordnet-dir DIR]
 
-Three datasets, each with train / validation / test / public splits (``public`` is disjoint
+Seven datasets, each with train / validation / test / public splits (``public`` is disjoint
 from the others and is meant for methods that distil on public data):
 
 - ``wordnet-instruct``: instruction following over WordNet 3.0 (10 task categories).
 - ``arith-word-problems``: GSM8K-style word problems with worked solutions ending in ``#### N``.
 - ``wordnet-lexclass``: gloss -> lexicographer class, for encoder classifiers.
+- Multiple choice, scored by the log-likelihood of each choice (``acc``, ``acc_norm``); every row
+  has ``choices``, ``label`` (the right choice's index) and ``output`` = the right choice:
+  ``wordnet-wic`` (same sense in two sentences? no / yes), ``wordnet-defchoice`` (which of 4
+  definitions fits a word), ``wordnet-hypernym-yn`` ("Is 'X' a kind of Y?" no / yes) and
+  ``arith-choice`` (the arith-word-problems questions with 4 numeric answers).
 
 The output is byte-for-byte reproducible: seeded ``random.Random`` instances, sorted
 iteration (never over sets, whose order depends on PYTHONHASHSEED) and gzip with mtime=0.
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 SEED = 20240501
 SPLITS = ("train", "validation", "test", "public")
@@ -95,7 +101,7 @@ See the License for the specific language governing permissions and
 limitations under the License.
 """
 
-Row = dict[str, str]
+Row = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- output
@@ -143,6 +149,25 @@ def make_row(instruction: str, output: str, category: str, input_text: str = "")
         "output": output,
         "category": category,
     }
+
+
+def make_choice_row(
+    instruction: str, choices: list[str], label: int, category: str, input_text: str = ""
+) -> Row:
+    """A multiple-choice row: ``output`` is the right choice, so fine-tuning learns what is scored."""
+    if not prefix_free(choices):
+        raise ValueError(f"choices {choices} are not prefix-free")
+    return {**make_row(instruction, choices[label], category, input_text), "choices": choices, "label": label}
+
+
+def prefix_free(choices: list[str]) -> bool:
+    """No choice starts another (or repeats it): scored by summed log-likelihood after the same
+    prompt, "4" would beat "42" whenever the model liked "42"."""
+    return not any(
+        index != other and second.startswith(first)
+        for index, first in enumerate(choices)
+        for other, second in enumerate(choices)
+    )
 
 
 def split_of(dataset: str, anchor: str, fractions: tuple[float, ...]) -> str:
@@ -704,6 +729,335 @@ def build_wordnet_lexclass(wn: WordNet) -> dict[str, list[Row]]:
     return finalise(splits, "wlc", random.Random(f"{SEED}:wordnet-lexclass:order"))
 
 
+# --------------------------------------------------------------------------- multiple choice over WordNet
+
+YES_NO = ["no", "yes"]
+WIC_FRACTIONS = (0.7, 0.1, 0.1, 0.1)
+# Per part of speech and per answer; adverbs have fewer examples and fall short.
+WIC_PER_CATEGORY = {"train": 700, "validation": 100, "test": 100, "public": 100}
+WIC_NEGATIVES_PER_WORD = 2
+WIC_TEMPLATES = (
+    "Is the word '{w}' used with the same meaning in both sentences? Answer yes or no.",
+    "Does the {pos} '{w}' mean the same thing in the two sentences below? Answer yes or no.",
+    "Here are two sentences that use the word '{w}'. Is it used in the same sense in both? Answer yes or no.",
+)
+TOKEN = re.compile(r"[a-z][a-z'-]*")
+
+
+def word_forms(word: str, wn: WordNet) -> frozenset[str]:
+    """The word and its regular and irregular inflections ("run": runs, running, ran, ...)."""
+    endings = ("s", "es", "ed", "d", "ing", "er", "est")
+    forms = {word, *(word + ending for ending in endings), *wn.inflections.get(word, ())}
+    if word.endswith("e"):
+        forms |= {word[:-1] + ending for ending in ("ing", "ed", "er", "est")}
+    if word.endswith("y"):
+        forms |= {word[:-1] + ending for ending in ("ies", "ied", "ier", "iest")}
+    if word[-1] not in "aeiouwxy":
+        forms |= {word + word[-1] + ending for ending in ("ed", "ing", "er", "est")}
+    return frozenset(forms)
+
+
+def mentions(text: str, lemma: str, wn: WordNet) -> bool:
+    """Whether the text uses the lemma as a whole word (inflected or not; multiword lemmas in a row).
+
+    Stricter than ``uses_word``: a sense question must point at the word itself, not at "article"
+    for "art".
+    """
+    head, *rest = lemma.lower().split()
+    forms = word_forms(head, wn)
+    tokens = [token.removesuffix("'s").rstrip("'") for token in TOKEN.findall(text.lower())]
+    return any(
+        token in forms and tokens[index + 1 : index + 1 + len(rest)] == rest
+        for index, token in enumerate(tokens)
+    )
+
+
+def sense_examples(wn: WordNet, lemma: str, pos: str) -> list[tuple[Synset, list[str]]]:
+    """Each sense of the word with the example sentences that use the word itself."""
+    senses = []
+    for key in wn.senses[lemma, pos]:
+        synset = wn.synsets[key]
+        examples = [sentence(text) for text in synset.examples if len(text.split()) >= 3]
+        usable = sorted({text for text in examples if mentions(text, lemma, wn)})
+        if usable:
+            senses.append((synset, usable))
+    return senses
+
+
+def close_senses(first: Synset, second: Synset) -> bool:
+    """Senses too close to call different, as WiC prunes them: linked by any pointer, or sharing a
+    direct hypernym or (adjectives) the head of their similarity cluster."""
+    linked = any(p.target == second.key for p in first.pointers) or any(
+        p.target == first.key for p in second.pointers
+    )
+    parents = set(first.related("@", "@i", "&")) & set(second.related("@", "@i", "&"))
+    return linked or bool(parents)
+
+
+@dataclass(slots=True)
+class SensePair:
+    split: str
+    category: str
+    lemma: str
+    sentences: tuple[str, str]
+    same: bool
+
+
+def wic_pairs(wn: WordNet) -> Iterator[SensePair]:
+    """Per word: one same-sense pair per sense with two examples, a few different-sense pairs."""
+    rng = random.Random(f"{SEED}:wordnet-wic:pairs")
+    for lemma, pos in sorted(wn.senses):
+        if not CLEAN_LEMMA.match(lemma):
+            continue
+        senses = sense_examples(wn, lemma, pos)
+        split = split_of("wordnet-wic", f"{pos}:{lemma}", WIC_FRACTIONS)
+        for _, examples in senses:
+            if len(examples) >= 2:
+                first, second = rng.sample(examples, 2)
+                yield SensePair(split, POS_NAMES[pos], lemma, (first, second), True)
+        apart = [
+            (first, second)
+            for index, first in enumerate(senses)
+            for second in senses[index + 1 :]
+            if not close_senses(first[0], second[0])
+        ]
+        for (_, examples), (_, others) in rng.sample(apart, min(len(apart), WIC_NEGATIVES_PER_WORD)):
+            pair = [rng.choice(examples), rng.choice(others)]
+            rng.shuffle(pair)
+            if pair[0] != pair[1]:
+                yield SensePair(split, POS_NAMES[pos], lemma, (pair[0], pair[1]), False)
+
+
+def build_wordnet_wic(wn: WordNet) -> dict[str, list[Row]]:
+    grouped: dict[tuple[str, str, bool], list[SensePair]] = {}
+    sentence_split: dict[str, str] = {}
+    for pair in wic_pairs(wn):
+        # A sentence that serves two words (synonyms share examples) stays in the split it met first.
+        if any(sentence_split.setdefault(text, pair.split) != pair.split for text in pair.sentences):
+            continue
+        grouped.setdefault((pair.split, pair.category, pair.same), []).append(pair)
+    rng = random.Random(f"{SEED}:wordnet-wic")
+    splits: dict[str, list[Row]] = {split: [] for split in SPLITS}
+    categories = sorted({category for _, category, _ in grouped})
+    for split in SPLITS:
+        for category in categories:
+            same, different = (
+                grouped.get((split, category, True), []),
+                grouped.get((split, category, False), []),
+            )
+            # As many same-sense as different-sense pairs in every part of speech: "yes" is half.
+            count = min(len(same), len(different), WIC_PER_CATEGORY[split])
+            for pair in rng.sample(same, count) + rng.sample(different, count):
+                instruction = rng.choice(WIC_TEMPLATES).format(w=pair.lemma, pos=pair.category)
+                input_text = f"1. {pair.sentences[0]}\n2. {pair.sentences[1]}"
+                splits[split].append(
+                    make_choice_row(instruction, YES_NO, int(pair.same), category, input_text)
+                )
+    return finalise(splits, "wic", random.Random(f"{SEED}:wordnet-wic:order"))
+
+
+DEFCHOICE_FRACTIONS = (0.64, 0.12, 0.12, 0.12)
+# Per part of speech; adverbs fall short (most adverb glosses spell out their adjective).
+DEFCHOICE_PER_CATEGORY = {"train": 1250, "validation": 150, "test": 150, "public": 150}
+DEFCHOICE_CHOICES = 4
+DEFCHOICE_MIN_POOL = 20
+DEFCHOICE_TEMPLATES = (
+    "What does the {pos} '{w}' mean?",
+    "What is the meaning of the {pos} '{w}'?",
+    "Define the {pos} '{w}'.",
+    "Give the definition of the {pos} '{w}'.",
+)
+
+
+@dataclass(slots=True)
+class Sense:
+    synset: Synset
+    lemma: str
+    definition: str
+
+
+def definition_senses(wn: WordNet) -> dict[str, list[Sense]]:
+    """Familiar senses with an unambiguous word, by split (anchored on the synset).
+
+    Definitions that spell out the word ("gratifyingly": "in a gratifying manner") are left out:
+    they would be answered by string matching.
+    """
+    by_split: dict[str, list[Sense]] = {split: [] for split in SPLITS}
+    seen: set[str] = set()
+    for synset, lemma in familiar_synsets(wn, "n", "v", "a", "r"):
+        definition = meaning(synset)
+        if (
+            len(synset.definition.split()) >= 2
+            and definition not in seen
+            and not shares_a_stem(lemma, definition)
+        ):
+            seen.add(definition)
+            split = split_of("wordnet-defchoice", synset.key, DEFCHOICE_FRACTIONS)
+            by_split[split].append(Sense(synset, lemma, definition))
+    return by_split
+
+
+def shares_a_stem(word: str, text: str) -> bool:
+    """Whether a word of ``text`` starts like a word of ``word`` (their first five letters, or all
+    of a shorter one)."""
+    stems = [token[:5] for token in TOKEN.findall(word.lower())]
+    return any(token.startswith(stem) for token in TOKEN.findall(text.lower()) for stem in stems)
+
+
+def definition_distractors(sense: Sense, pool: list[Sense], rng: random.Random) -> list[str]:
+    """Definitions of other words of the same part of speech (and lexicographer file, where it has
+    enough of them) in the same split; never a sense the word itself has, never a prefix clash."""
+    word = sense.lemma.lower()
+    same_file = [other for other in pool if other.synset.lexname == sense.synset.lexname]
+    candidates = same_file if len(same_file) >= DEFCHOICE_MIN_POOL else pool
+    chosen: list[str] = []
+    for other in rng.sample(candidates, len(candidates)):
+        if word in (lemma.lower() for lemma in other.synset.lemmas):
+            continue
+        if prefix_free([sense.definition, *chosen, other.definition]):
+            chosen.append(other.definition)
+            if len(chosen) == DEFCHOICE_CHOICES - 1:
+                return chosen
+    raise RuntimeError(f"too few distractors for '{sense.lemma}' ({sense.synset.key})")
+
+
+def build_wordnet_defchoice(wn: WordNet) -> dict[str, list[Row]]:
+    rng = random.Random(f"{SEED}:wordnet-defchoice")
+    splits: dict[str, list[Row]] = {split: [] for split in SPLITS}
+    for split, senses in definition_senses(wn).items():
+        for pos in POS_NAMES:
+            pool = [sense for sense in senses if sense.synset.pos == pos]
+            for index, sense in enumerate(rng.sample(pool, min(len(pool), DEFCHOICE_PER_CATEGORY[split]))):
+                options = definition_distractors(sense, pool, rng)
+                # The right definition takes each position in turn: balanced labels.
+                label = index % DEFCHOICE_CHOICES
+                options.insert(label, sense.definition)
+                category = POS_NAMES[pos]
+                instruction = rng.choice(DEFCHOICE_TEMPLATES).format(w=sense.lemma, pos=category)
+                splits[split].append(make_choice_row(instruction, options, label, category))
+    return finalise(splits, "wdc", random.Random(f"{SEED}:wordnet-defchoice:order"))
+
+
+HYPERNYM_FRACTIONS = (0.7, 0.1, 0.1, 0.1)
+HYPERNYM_WORDS = {"train": 2500, "validation": 250, "test": 250, "public": 250}
+HYPERNYM_MIN_DEPTH = 4  # below: "entity", "abstraction", "whole", ... (too vague to ask about)
+HYPERNYM_MAX_DISTANCE = 3
+
+
+class Taxonomy:
+    """The noun hypernym graph: ancestors and depths, memoised."""
+
+    def __init__(self, wn: WordNet) -> None:
+        self.wn = wn
+        self._ancestors: dict[str, frozenset[str]] = {}
+        self._depths: dict[str, int] = {}
+
+    def parents(self, key: str) -> list[str]:
+        return self.wn.synsets[key].related("@", "@i")
+
+    def ancestors(self, key: str) -> frozenset[str]:
+        if key not in self._ancestors:
+            found: set[str] = set()
+            for parent in self.parents(key):
+                found |= {parent, *self.ancestors(parent)}
+            self._ancestors[key] = frozenset(found)
+        return self._ancestors[key]
+
+    def depth(self, key: str) -> int:
+        """Fewest hypernym steps up to a root ("entity")."""
+        if key not in self._depths:
+            parents = self.parents(key)
+            self._depths[key] = 1 + min(self.depth(parent) for parent in parents) if parents else 0
+        return self._depths[key]
+
+    def within(self, key: str, distance: int) -> list[str]:
+        """Ancestors at most ``distance`` steps up, nearest first, each once."""
+        levels, found = [key], []
+        for _ in range(distance):
+            levels = [parent for level in levels for parent in self.parents(level) if parent not in found]
+            found += sorted(set(levels))
+        return found
+
+
+def category_word(wn: WordNet, key: str) -> str | None:
+    """A plain lowercase word for a familiar noun synset, to ask "is X a kind of <word>?"."""
+    synset = wn.synsets[key]
+    if not wn.is_familiar(synset):
+        return None
+    return next((lemma for lemma in synset.lemmas if CLEAN_LEMMA.match(lemma) and lemma.islower()), None)
+
+
+def kind_of_any_sense(wn: WordNet, taxonomy: Taxonomy, word: str, category: str) -> bool:
+    """Whether some noun sense of ``word`` is (a kind of) some noun sense of ``category``."""
+    categories = set(wn.senses.get((category.lower(), "n"), ()))
+    return any(
+        categories & (taxonomy.ancestors(key) | {key}) for key in wn.senses.get((word.lower(), "n"), ())
+    )
+
+
+def shares_a_word(first: str, second: str) -> bool:
+    return bool(set(first.lower().split()) & set(second.lower().split()))
+
+
+def hypernym_question(
+    wn: WordNet, taxonomy: Taxonomy, synset: Synset, lemma: str, rng: random.Random
+) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """``((category word, its key), (non-category word, its key))`` for the noun, or None.
+
+    The yes-category is an ancestor up to three steps up, the no-category one of its siblings that
+    is no ancestor ("is 'dog' a kind of canine?" / "... of feline?"): equally specific, and never
+    a category of any sense of the word.
+    """
+    above = taxonomy.ancestors(synset.key)
+    pairs = []
+    for key in taxonomy.within(synset.key, HYPERNYM_MAX_DISTANCE):
+        word = category_word(wn, key)
+        if taxonomy.depth(key) < HYPERNYM_MIN_DEPTH or not word or shares_a_word(word, lemma):
+            continue
+        siblings = sorted(
+            {child for parent in taxonomy.parents(key) for child in wn.synsets[parent].related("~")}
+        )
+        for sibling in siblings:
+            other = category_word(wn, sibling)
+            if (
+                other
+                and sibling not in above
+                and synset.key not in taxonomy.ancestors(sibling)
+                and not shares_a_word(other, lemma)
+                and not kind_of_any_sense(wn, taxonomy, lemma, other)
+            ):
+                pairs.append(((word, key), (other, sibling)))
+    return rng.choice(pairs) if pairs else None
+
+
+def build_wordnet_hypernym_yn(wn: WordNet) -> dict[str, list[Row]]:
+    taxonomy = Taxonomy(wn)
+    rng = random.Random(f"{SEED}:wordnet-hypernym-yn")
+    candidates: dict[str, list[tuple[Synset, str]]] = {split: [] for split in SPLITS}
+    for synset, lemma in familiar_synsets(wn, "n"):
+        # Common nouns only: "is Paris a kind of city?" is an instance, not a kind.
+        if lemma.islower() and synset.related("@") and taxonomy.depth(synset.key) > HYPERNYM_MIN_DEPTH:
+            candidates[split_of("wordnet-hypernym-yn", synset.key, HYPERNYM_FRACTIONS)].append(
+                (synset, lemma)
+            )
+    splits: dict[str, list[Row]] = {split: [] for split in SPLITS}
+    for split, nouns in candidates.items():
+        taken = 0
+        for synset, lemma in rng.sample(nouns, len(nouns)):
+            question = hypernym_question(wn, taxonomy, synset, lemma, rng)
+            if question is None:
+                continue
+            # One yes and one no per noun: balanced in every split and lexicographer file.
+            for answer, (word, key) in zip((1, 0), question, strict=True):
+                instruction = f"Is '{lemma}' a kind of {word}? Answer yes or no."
+                context = f"{word}: {meaning(wn.synsets[key])}"
+                splits[split].append(make_choice_row(instruction, YES_NO, answer, synset.lexname, context))
+            taken += 1
+            if taken == HYPERNYM_WORDS[split]:
+                break
+    return finalise(splits, "whn", random.Random(f"{SEED}:wordnet-hypernym-yn:order"))
+
+
 # --------------------------------------------------------------------------- arith-word-problems
 
 # Vocabulary the problem families draw on.
@@ -1013,8 +1367,9 @@ ARITH_FAMILIES: dict[str, Callable[[random.Random], Problem]] = {
 ARITH_PER_FAMILY = {"train": 500, "validation": 50, "test": 50, "public": 50}
 
 
-def build_arith() -> dict[str, list[Row]]:
-    splits: dict[str, list[Row]] = {split: [] for split in SPLITS}
+def arith_problems() -> dict[str, list[tuple[str, Problem]]]:
+    """``(family, problem)`` per split, family by family; arith-choice asks the same problems."""
+    splits: dict[str, list[tuple[str, Problem]]] = {split: [] for split in SPLITS}
     for family, generate in ARITH_FAMILIES.items():
         rng = random.Random(f"{SEED}:arith:{family}")
         problems: dict[tuple[object, ...], Problem] = {}
@@ -1029,25 +1384,83 @@ def build_arith() -> dict[str, list[Row]]:
         ordered = list(problems.values())
         cursor = 0
         for split, count in ARITH_PER_FAMILY.items():
-            for question, solution, _ in ordered[cursor : cursor + count]:
-                splits[split].append(make_row(question, solution, family))
+            splits[split].extend((family, problem) for problem in ordered[cursor : cursor + count])
             cursor += count
+    return splits
+
+
+def build_arith(problems: dict[str, list[tuple[str, Problem]]]) -> dict[str, list[Row]]:
+    splits = {
+        split: [make_row(question, solution, family) for family, (question, solution, _) in rows]
+        for split, rows in problems.items()
+    }
     return finalise(splits, "awp", random.Random(f"{SEED}:arith:order"))
+
+
+ARITH_CHOICES = 4
+ARITH_CHOICE_SUFFIX = " Answer with the number only."
+ANSWER_LINE = re.compile(r"^#### (\d+)$", re.MULTILINE)
+STEP_RESULT = re.compile(r"<<[^=<>]+=(\d+)>>")
+
+
+def arith_distractors(solution: str, answer: int, rng: random.Random) -> list[int]:
+    """Three wrong answers a solver plausibly gives: a slip (the result of an earlier step: stopping
+    too soon) and near misses; the options stay prefix-free.
+
+    Numbers of the question make no distractors: a language model likes to copy them, so they
+    would pull a small model below chance, and a model trained here would learn never to pick one.
+    The near misses lie on one side of the answer (drawn per problem; the other side is the
+    fallback), so the right answer is not simply the middle option.
+    """
+    slips = {int(value) for value in STEP_RESULT.findall(solution)}
+    above = {answer + delta for delta in (1, 2, 5, 10)} | {answer * 2}
+    below = {answer - delta for delta in (1, 2, 5, 10)} | {answer // 2}
+    sides = [above, below] if rng.random() < 0.5 else [below, above]
+    chosen: list[int] = []
+    for pool, limit in ((slips, 1), (sides[0], ARITH_CHOICES - 1), (sides[1], ARITH_CHOICES - 1)):
+        for value in rng.sample(sorted(pool), len(pool)):
+            options = [str(option) for option in (answer, *chosen, value)]
+            if len(chosen) < limit and value > 0 and prefix_free(options):
+                chosen.append(value)
+    if len(chosen) != ARITH_CHOICES - 1:
+        raise RuntimeError(f"too few distractors for the answer {answer}: {chosen}")
+    return chosen
+
+
+def build_arith_choice(problems: dict[str, list[tuple[str, Problem]]]) -> dict[str, list[Row]]:
+    splits: dict[str, list[Row]] = {split: [] for split in SPLITS}
+    rng = random.Random(f"{SEED}:arith-choice")
+    for split, rows in problems.items():
+        for index, (family, (question, solution, _)) in enumerate(rows):
+            match = ANSWER_LINE.search(solution)
+            assert match is not None, solution
+            answer = int(match.group(1))
+            options = [str(value) for value in arith_distractors(solution, answer, rng)]
+            # The right answer takes each position in turn: the labels of every split are balanced.
+            label = index % ARITH_CHOICES
+            options.insert(label, str(answer))
+            splits[split].append(make_choice_row(question + ARITH_CHOICE_SUFFIX, options, label, family))
+    return finalise(splits, "ach", random.Random(f"{SEED}:arith-choice:order"))
 
 
 # --------------------------------------------------------------------------- main
 
 WORDNET_SOURCE = "WordNet 3.0 (Princeton University), read from the wordnet-base database files"
-DATASETS = ("wordnet-instruct", "arith-word-problems", "wordnet-lexclass")
+DATASETS = (
+    "wordnet-instruct",
+    "arith-word-problems",
+    "wordnet-lexclass",
+    "wordnet-wic",
+    "wordnet-defchoice",
+    "wordnet-hypernym-yn",
+    "arith-choice",
+)
+CHOICE_METRICS = ["acc", "acc_norm"]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--only", nargs="+", choices=DATASETS, default=list(DATASETS))
-    parser.add_argument("--wordnet-dir", type=Path, default=Path("/usr/share/wordnet"))
-    args = parser.parse_args(argv)
-    if "arith-word-problems" in args.only:
+def write_arith_sets(out: Path, names: list[str]) -> None:
+    problems = arith_problems()
+    if "arith-word-problems" in names:
         meta = {
             "name": "arith-word-problems",
             "task": "math",
@@ -1057,7 +1470,67 @@ def main(argv: list[str] | None = None) -> None:
             "source": "synthetic, generated by scripts/make_datasets.py",
             "metrics": ["exact_match on the number after '####'"],
         }
-        write_dataset(args.out, meta, build_arith(), ARITH_NOTICE)
+        write_dataset(out, meta, build_arith(problems), ARITH_NOTICE)
+    if "arith-choice" in names:
+        meta = {
+            "name": "arith-choice",
+            "task": "multiple_choice",
+            "licence": "Apache-2.0",
+            "description": "The arith-word-problems questions (same problems, same splits) with 4 numeric "
+            "answers: the right one, a slip (an earlier step's result) and near misses (one side "
+            "of the answer); output = the right number; category = problem family.",
+            "source": "synthetic, generated by scripts/make_datasets.py",
+            "metrics": CHOICE_METRICS,
+            "num_choices": ARITH_CHOICES,
+        }
+        write_dataset(
+            out,
+            meta,
+            build_arith_choice(problems),
+            ARITH_NOTICE.replace("arith-word-problems", "arith-choice", 1),
+        )
+
+
+WORDNET_CHOICE_SETS: dict[str, tuple[Callable[[WordNet], dict[str, list[Row]]], dict[str, object]]] = {
+    "wordnet-wic": (
+        build_wordnet_wic,
+        {
+            "description": "WiC-style word sense pairs: does a word mean the same in two WordNet example "
+            "sentences? choices ['no', 'yes'], balanced per part of speech; close senses (linked, or "
+            "sharing a hypernym) are never a 'no'; category = part of speech of the word.",
+            "num_choices": 2,
+        },
+    ),
+    "wordnet-defchoice": (
+        build_wordnet_defchoice,
+        {
+            "description": "Which definition fits a word (its most frequent sense): 4 definitions, the "
+            "others of other words of the same part of speech and lexicographer file, never of a sense "
+            "of the word; labels balanced over positions; category = part of speech.",
+            "num_choices": DEFCHOICE_CHOICES,
+        },
+    ),
+    "wordnet-hypernym-yn": (
+        build_wordnet_hypernym_yn,
+        {
+            "description": "BoolQ-like yes/no questions \"Is 'X' a kind of Y?\" with Y's definition as the "
+            "passage: per noun one yes (a hypernym up to 3 steps up) and one no (a sibling of it that is no "
+            "category of any sense of X); category = the noun's lexicographer file.",
+            "num_choices": 2,
+        },
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--only", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument("--wordnet-dir", type=Path, default=Path("/usr/share/wordnet"))
+    args = parser.parse_args(argv)
+    arith_sets = [name for name in args.only if name.startswith("arith")]
+    if arith_sets:
+        write_arith_sets(args.out, arith_sets)
     wordnet_sets = [name for name in args.only if name.startswith("wordnet")]
     if not wordnet_sets:
         return
@@ -1084,6 +1557,18 @@ def main(argv: list[str] | None = None) -> None:
             "metrics": ["accuracy", "macro_f1"],
         }
         write_dataset(args.out, meta, build_wordnet_lexclass(wn), WORDNET_NOTICE)
+    for name, (build, details) in WORDNET_CHOICE_SETS.items():
+        if name in wordnet_sets:
+            meta = {
+                "name": name,
+                "task": "multiple_choice",
+                "licence": "WordNet-3.0",
+                "description": details["description"],
+                "source": WORDNET_SOURCE,
+                "metrics": CHOICE_METRICS,
+                "num_choices": details["num_choices"],
+            }
+            write_dataset(args.out, meta, build(wn), WORDNET_NOTICE)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import operator
+import os
 import random
 import re
 import sys
@@ -21,8 +22,24 @@ from fedtune.data.builtin import builtin_info, list_builtin, load_builtin
 from fedtune.data.records import DataError, Record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WORDNET_DIR = Path("/usr/share/wordnet")
-DATASETS = ("wordnet-instruct", "arith-word-problems", "wordnet-lexclass")
+# WORDNET_DIR points the WordNet regeneration test at WordNet files outside the Debian location.
+WORDNET_DIR = Path(os.environ.get("WORDNET_DIR", "/usr/share/wordnet"))
+WORDNET_SETS = (
+    "wordnet-instruct",
+    "wordnet-lexclass",
+    "wordnet-wic",
+    "wordnet-defchoice",
+    "wordnet-hypernym-yn",
+)
+DATASETS = (
+    "wordnet-instruct",
+    "arith-word-problems",
+    "wordnet-lexclass",
+    "wordnet-wic",
+    "wordnet-defchoice",
+    "wordnet-hypernym-yn",
+    "arith-choice",
+)
 SPLITS = ("train", "validation", "test", "public")
 ANNOTATION = re.compile(r"<<([^=<>]+)=(\d+)>>(\d+)")
 OPERATORS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
@@ -73,6 +90,7 @@ def test_list_builtin_describes_every_shipped_dataset() -> None:
     assert infos["wordnet-instruct"].task == "generation"
     assert infos["arith-word-problems"].task == "math"
     assert infos["wordnet-lexclass"].task == "classification"
+    assert {infos[name].task for name in DATASETS[3:]} == {"multiple_choice"}
     for info in infos.values():
         assert tuple(info.splits) == SPLITS
         assert (info.path / "NOTICE").is_file() and info.licence
@@ -148,10 +166,11 @@ def test_unknown_split_names_the_valid_ones() -> None:
         load_builtin("arith-word-problems", "dev")
 
 
-def test_math_generation_is_byte_identical(generator: ModuleType, tmp_path: Path) -> None:
-    generator.main(["--out", str(tmp_path), "--only", "arith-word-problems"])
+@pytest.mark.parametrize("name", ["arith-word-problems", "arith-choice"])
+def test_math_generation_is_byte_identical(generator: ModuleType, tmp_path: Path, name: str) -> None:
+    generator.main(["--out", str(tmp_path), "--only", name])
 
-    assert_same_files(tmp_path / "arith-word-problems", builtin_info("arith-word-problems").path)
+    assert_same_files(tmp_path / name, builtin_info(name).path)
 
 
 @pytest.mark.skipif(
@@ -159,9 +178,9 @@ def test_math_generation_is_byte_identical(generator: ModuleType, tmp_path: Path
 )
 @pytest.mark.slow
 def test_wordnet_generation_is_byte_identical(generator: ModuleType, tmp_path: Path) -> None:
-    generator.main(["--out", str(tmp_path), "--only", "wordnet-instruct", "wordnet-lexclass"])
+    generator.main(["--out", str(tmp_path), "--only", *WORDNET_SETS, "--wordnet-dir", str(WORDNET_DIR)])
 
-    for name in ("wordnet-instruct", "wordnet-lexclass"):
+    for name in WORDNET_SETS:
         assert_same_files(tmp_path / name, builtin_info(name).path)
 
 
