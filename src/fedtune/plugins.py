@@ -24,6 +24,7 @@ BUILTIN = {
     "fedbiot": "fedtune.algorithms.fedbiot:FedBiOT",
     "fedavgm": "fedtune.algorithms.fedavgm:FedAvgM",
     "perfit": "fedtune.algorithms.perfit:PerFIT",
+    "fedmkt": "fedtune.algorithms.fedmkt:FedMKT",
 }
 
 _registered: dict[str, type] = {}

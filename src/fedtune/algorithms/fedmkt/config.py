@@ -1,0 +1,40 @@
+"""FedMKT's config section (``fedmkt:``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fedtune.config import AlgorithmConfig, TrainConfig
+
+
+def paper_llm_training() -> TrainConfig:
+    """The paper's LLM settings: AdamW (0.9, 0.95), lr 3e-5, wd 0.1, warmup 0.008, clip 1, batch 4."""
+    return TrainConfig(
+        optimizer="adamw", lr=3e-5, weight_decay=0.1, betas=(0.9, 0.95), batch_size=4, warmup_ratio=0.008
+    )
+
+
+class FedMKTConfig(AlgorithmConfig):
+    """The server's LLM is the run's ``model:``; ``clients`` names the clients' SLMs (client ``cNN``
+    holds ``clients[NN % len]``; empty: every client holds ``model:``). ``train:`` is the clients'
+    training (local SFT and their distillation on the public set), ``llm_train`` the LLM's (defaults:
+    the paper's)."""
+
+    modes = ("federated", "standalone")
+    personal_eval = True
+
+    clients: list[str] = Field(default_factory=list)
+    lam: float = Field(0.9, ge=0, le=1)
+    top_k: int = Field(16, ge=1)
+    compress: bool = True
+    """Top-k ids and values travel deflated (``wire``); bytes are counted as sent."""
+    public_examples: int | None = Field(None, ge=1)
+    llm_learns: bool = True
+    slm_learns: bool = True
+    slm_fedavg: bool = False
+    llm_train: TrainConfig = Field(default_factory=paper_llm_training)
+    slm_eval: Literal["heldout", "test"] = "heldout"
+    """What each client evaluates its SLM on (``eval.personal``): its held-out split, or the run's test
+    set (the paper's protocol: every model on the task's test set, comparable with centralized SLMs)."""

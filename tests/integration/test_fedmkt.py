@@ -1,0 +1,114 @@
+"""FedMKT on tiny models: what travels, the settings and baselines, heterogeneous tokenizers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedtune.algorithms.fedmkt.algorithm import ADAPTER, LLM, PUBLIC, FedMKT, public_subset
+from fedtune.algorithms.fedmkt.transfer import public_view
+from fedtune.config import ConfigError
+from fedtune.fl.payload import Payload
+from fedtune.resources import Resources
+from fedtune.runner import prepare_data
+from tests.integration.helpers import quiet_runner, tiny_config
+
+KNOWLEDGE = {"loss", "ids", "values"}
+
+
+def tapped_run(
+    tmp_path: Path, *overrides: str
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, str, Payload]]]:
+    cfg = tiny_config("fedmkt", *overrides)
+    seen: list[tuple[str, str, str, Payload]] = []
+
+    def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:
+        seen.append((direction, client, task, payload))
+
+    return quiet_runner(cfg, tmp_path, tap=tap).run(), seen
+
+
+def expected_counts(cfg: Any, client: str) -> list[int]:
+    """Response tokens per public example as the client's own tokenizer sees them."""
+    algorithm = FedMKT(cfg)
+    spec = algorithm.client_model_spec(client)
+    records = public_subset(prepare_data(cfg).public_records, cfg.fedmkt.public_examples, cfg.seed)
+    tokenizer = Resources(cfg).tokenizer(spec)
+    return public_view(records, tokenizer, cfg.data.template, cfg.data.max_length).counts
+
+
+def test_clients_send_only_public_set_losses_and_top_k(tmp_path: Path) -> None:
+    cfg = tiny_config("fedmkt", "fedmkt.compress=false")
+    _, seen = tapped_run(tmp_path, "fedmkt.compress=false")
+
+    uploads = [(client, p) for direction, client, task, p in seen if direction == "up" and task == "fit"]
+    assert uploads
+    for client, payload in uploads:
+        array_keys = {k for k, v in payload.items() if isinstance(v, np.ndarray)}
+        assert array_keys == {PUBLIC + name for name in KNOWLEDGE}, client
+        counts = expected_counts(cfg, client)
+        assert payload[PUBLIC + "loss"].shape == (len(counts),)
+        assert payload[PUBLIC + "ids"].shape == (sum(counts), cfg.fedmkt.top_k)
+        assert payload[PUBLIC + "values"].dtype == np.float16
+    downs = [p for direction, _, task, p in seen if direction == "down" and task == "distill"]
+    assert downs and all(
+        {k for k, v in p.items() if isinstance(v, np.ndarray)} == {LLM + n for n in KNOWLEDGE} for p in downs
+    )
+
+
+def test_llm2slm_keeps_the_llm_frozen_and_standalone_transfers_nothing(tmp_path: Path) -> None:
+    frozen, _ = tapped_run(tmp_path / "llm2slm", "fedmkt.llm_learns=false")
+    assert frozen[-1]["eval"]["perplexity"] == pytest.approx(frozen[0]["eval"]["perplexity"])
+    assert frozen[-1]["eval"]["personal/perplexity"] != pytest.approx(
+        frozen[0]["eval"]["personal/perplexity"]
+    )
+
+    alone, seen = tapped_run(tmp_path / "standalone", "fed.mode=standalone")
+    assert alone[-1]["eval"]["perplexity"] == pytest.approx(alone[0]["eval"]["perplexity"])
+    assert not [p for _, _, _, p in seen if any(isinstance(v, np.ndarray) for v in p.values())]
+
+
+def test_homogeneous_fedavg_sends_the_average_before_distillation(tmp_path: Path) -> None:
+    _, seen = tapped_run(tmp_path, "fedmkt.clients=[tiny-qwen2]", "fedmkt.slm_fedavg=true")
+    distill = [p for direction, _, task, p in seen if direction == "down" and task == "distill"]
+    assert distill and all(any(k.startswith(ADAPTER) for k in p) for p in distill)
+    first = [p for p in distill if p["round"] == 1]
+    assert all(np.array_equal(first[0][k], p[k]) for p in first for k in first[0] if k.startswith(ADAPTER))
+
+
+def test_fedavg_of_different_slms_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tiny_config("fedmkt", "fedmkt.slm_fedavg=true")
+    with pytest.raises((ConfigError, ValueError), match="same SLM"):
+        quiet_runner(cfg, tmp_path).run()
+
+
+def test_a_node_loads_only_its_own_slm_and_the_llms_tokenizer(tmp_path: Path) -> None:
+    import yaml
+
+    from fedtune.fl.flower.node import build_runtime, execute
+
+    cfg = tiny_config("fedmkt", "fed.rounds=1")
+    runtime = build_runtime(yaml.safe_dump(cfg.to_yaml_dict()), {"partition-id": 1, "workdir": str(tmp_path)})
+    outcome = execute(runtime, "fit", 1, {"round": 1}, {})
+
+    assert outcome.error is None and outcome.reply is not None
+    own = FedMKT(cfg).client_model_spec(runtime.client_id)
+    assert own.name == cfg.fedmkt.clients[1]
+    assert runtime.resources.loads == [own.key]
+
+
+def test_compressed_traffic_carries_the_same_knowledge_in_fewer_bytes(tmp_path: Path) -> None:
+    plain, _ = tapped_run(tmp_path / "plain", "fedmkt.compress=false")
+    packed, seen = tapped_run(tmp_path / "packed")
+
+    uploads = [p for direction, _, task, p in seen if direction == "up" and task == "fit"]
+    assert all(
+        {k for k, v in p.items() if isinstance(v, np.ndarray)}
+        == {"public/loss", "public/ids.z", "public/values.z"}
+        for p in uploads
+    )
+    assert packed[-1]["bytes_up"] < plain[-1]["bytes_up"]
+    assert packed[-1]["eval"] == plain[-1]["eval"]
