@@ -246,6 +246,7 @@ BENCHMARK_SCRIPTS = {
     "p10": "perfit_step",
     "p1": "token_align",
     "p2": "token_align",
+    "p7": "fedmkt_wire",
 }
 """The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
 

@@ -128,3 +128,13 @@ def test_p10_smoke_times_masked_and_dense_steps(tmp_path: Path) -> None:
     assert set(record["median_seconds_per_step"]) == {"dense_r", "dense_re", "masked_re"}
     assert all(_positive(v) for v in record["median_seconds_per_step"].values())
     assert record["config"]["rank_e"] == 16 and _positive(record["search_over_epoch"])
+
+
+def test_p7_smoke_writes_results(tmp_path: Path) -> None:
+    _load("fedmkt_wire").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p7.smoke.json").read_text())
+    assert (tmp_path / "p7.smoke.md").read_text().startswith("# P7")
+    assert {row["k"] for row in record["rows"]} == {16, 128}
+    for row in record["rows"]:
+        assert row["fedtune"] < row["fate"] and row["fedtune+zlib"] < row["fedtune"]
+    assert _positive(record["server"]["per_round_s"])
