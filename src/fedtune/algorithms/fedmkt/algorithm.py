@@ -42,7 +42,7 @@ from fedtune.fl.validation import ArraySpec, ReplySpec
 from fedtune.models.lora import adapter_arrays, adapter_parameters, attach_lora, load_adapter
 from fedtune.models.spec import ModelSpec
 from fedtune.resources import Resources
-from fedtune.train.sft import epochs_started, local_sft
+from fedtune.train.sft import local_sft
 
 PUBLIC = "public/"
 """A client's knowledge of the public set (fit reply)."""
@@ -225,10 +225,9 @@ class FedMKT(Algorithm[FedMKTConfig]):
             view.examples,
             teachers,
             selected,
-            train.batch_size,
+            train,
             int(tokenizer.pad_token_id or 0),
             seed=seed,
-            epochs=epochs_started(train.local_epochs),
         )
         stats: dict[str, float] = {}
         result = train_selected(
@@ -406,10 +405,9 @@ class FedMKT(Algorithm[FedMKTConfig]):
             view.examples,
             teachers,
             choice != NOT_SELECTED,
-            settings.batch_size,
+            settings,
             int(tokenizer.pad_token_id or 0),
             seed=seed,
-            epochs=epochs_started(settings.local_epochs),
         )
         sums: dict[str, float] = {}
         result = local_sft(

@@ -15,6 +15,7 @@ from fedtune.align import one_to_one, project_topk, token_strings
 from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName
 from fedtune.data.tokenize import IGNORE_INDEX, Example, batch_indices, collate, encode_records
+from fedtune.train.sft import SFTSettings, epochs_started
 
 Teacher = tuple[np.ndarray, np.ndarray]
 """One sample's teacher rows on the receiver's response tokens: ids [R_i, k] (-1 pad), values [R_i, k]."""
@@ -102,13 +103,13 @@ def kd_batches(
     examples: Sequence[Example],
     teachers: Sequence[Teacher],
     selected: np.ndarray,
-    batch_size: int,
+    train: SFTSettings,
     pad_token_id: int,
     *,
     seed: int,
-    epochs: int = 1,
 ) -> list[dict[str, torch.Tensor]]:
-    """Shuffled, length-bucketed KD batches of the public set, one shuffle per epoch."""
+    """Shuffled, length-bucketed KD batches of the public set at ``train.batch_size``, one shuffle per
+    epoch ``train.local_epochs`` starts (what ``local_sft`` expects of prebuilt batches)."""
     lengths = [len(ex.input_ids) for ex in examples]
     return [
         kd_collate(
@@ -117,6 +118,6 @@ def kd_batches(
             [bool(selected[i]) for i in idx],
             pad_token_id,
         )
-        for epoch in range(epochs)
-        for idx in batch_indices(lengths, batch_size, seed=seed + epoch, bucketing=True)
+        for epoch in range(epochs_started(train.local_epochs))
+        for idx in batch_indices(lengths, train.batch_size, seed=seed + epoch, bucketing=True)
     ]
