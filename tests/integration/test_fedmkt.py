@@ -112,3 +112,11 @@ def test_compressed_traffic_carries_the_same_knowledge_in_fewer_bytes(tmp_path: 
     )
     assert packed[-1]["bytes_up"] < plain[-1]["bytes_up"]
     assert packed[-1]["eval"] == plain[-1]["eval"]
+
+
+def test_fedtune_eval_scores_the_final_llm_like_the_last_round(tmp_path: Path) -> None:
+    from fedtune.artifacts import evaluate_run
+
+    history, _ = tapped_run(tmp_path)
+    result = evaluate_run(tmp_path)
+    assert result.metrics["perplexity"] == pytest.approx(history[-1]["eval"]["perplexity"], rel=1e-4)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -252,6 +254,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
 
     # ----- server ------------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
+        self._resources = server.resources
         _, _, initial = self.lora(server.resources, self.server_model_spec())
         if not self.llm_adapter:
             self.llm_adapter = dict(initial)
@@ -439,6 +442,15 @@ class FedMKT(Algorithm[FedMKTConfig]):
     def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
         message: Payload = {"round": rnd}
         return message
+
+    def write_artifacts(self, directory: Path) -> None:
+        """The LLM's final LoRA as a peft adapter (``fedtune eval`` / ``generate``); the SLMs' LoRA never
+        leave their clients."""
+        model, _, _ = self.lora(self._resources, self.server_model_spec())
+        load_adapter(model, self.llm_adapter)
+        model.save_pretrained(str(directory / "adapter"))
+        meta = {"base_model": self.cfg.model.name, "template": self.cfg.data.template, "algorithm": self.name}
+        (directory / "meta.json").write_text(json.dumps(meta, indent=1))
 
     def state_dict(self) -> dict[str, Any]:
         return {"llm_adapter": self.llm_adapter}
