@@ -16,7 +16,14 @@ from fedtune.algorithms.fedmkt.maths import (
     public_knowledge,
     soft_target_ce,
 )
-from fedtune.algorithms.fedmkt.wire import Knowledge, id_dtype, knowledge_spec, unpack_knowledge
+from fedtune.algorithms.fedmkt.wire import (
+    Knowledge,
+    decode_ids,
+    encode_ids,
+    id_bytes,
+    knowledge_spec,
+    unpack_knowledge,
+)
 from fedtune.data.records import Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.fl.validation import ReplySpec, validate_reply
@@ -96,10 +103,15 @@ def test_mixed_loss_gradient_flows_through_both_terms() -> None:
 
 
 @pytest.mark.parametrize(
-    ("vocab", "dtype"), [(256, "uint8"), (257, "uint16"), (49152, "uint16"), (151665, "uint32")]
+    ("vocab", "width"),
+    [(256, 1), (257, 2), (49152, 2), (151665, 3), (262144, 3), (1 << 24, 3), ((1 << 24) + 1, 4)],
 )
-def test_ids_travel_in_the_narrowest_unsigned_type(vocab: int, dtype: str) -> None:
-    assert str(id_dtype(vocab)) == dtype
+def test_ids_travel_in_the_fewest_bytes(vocab: int, width: int) -> None:
+    assert id_bytes(vocab) == width
+    ids = np.array([[0, vocab - 1], [vocab // 2, 1]], dtype=np.int64)
+    encoded = encode_ids(ids, vocab)
+    assert encoded.nbytes == ids.size * width
+    assert np.array_equal(decode_ids(encoded), ids)
 
 
 def test_knowledge_round_trips_through_the_wire_in_fp16_and_narrow_ids() -> None:
@@ -129,9 +141,11 @@ def test_unpack_rejects_ids_outside_the_senders_vocabulary_and_wrong_counts() ->
         np.zeros(1, dtype=np.float32), [np.array([[5, 299]])], [np.zeros((1, 2), np.float32)]
     )
     payload = knowledge.pack("p/", vocab_size=300)
-    with pytest.raises(ValueError, match="token id 299 of a 200-token"):
+    with pytest.raises(ValueError, match="token id 299 of a 290-token"):
+        unpack_knowledge(payload, "p/", [1], 290, 2)
+    with pytest.raises(ValueError, match="expected uint8"):
         unpack_knowledge(payload, "p/", [1], 200, 2)
-    with pytest.raises(ValueError, match=r"expected \(2, 2\)"):
+    with pytest.raises(ValueError, match=r"expected uint16 \(2, 2\)"):
         unpack_knowledge(payload, "p/", [2], 300, 2)
 
 

@@ -1,7 +1,8 @@
 """How FedMKT's knowledge travels: per-sample losses and top-k logits of the public set only.
 
 One flat array per field, samples concatenated in public-set order: ``loss`` [N] fp32, ``ids``
-[T, k] in the narrowest unsigned integer type that holds the sender's vocabulary, ``values`` [T, k]
+[T, k] in the narrowest unsigned integer type that holds the sender's vocabulary (3 little-endian
+bytes per id, [T, k, 3] uint8, for 65,537 to 2^24 tokens: Qwen2.5, Gemma-3), ``values`` [T, k]
 fp16 logits, T the total number of response tokens. No offsets travel: the receiver tokenizes the
 public set with the sender's tokenizer and knows each sample's T_i. Nothing of a client's private
 data (text, tokens, losses) is ever in it.
@@ -28,12 +29,35 @@ DEFLATED = ".z"
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
-def id_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest unsigned integer type holding ids ``0 .. vocab_size - 1``."""
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if vocab_size - 1 <= np.iinfo(dtype).max:
-            return np.dtype(dtype)
+def id_bytes(vocab_size: int) -> int:
+    """Bytes per id: 1, 2, 3 (Qwen2.5's 151,665 tokens need 18 bits) or 4."""
+    for width in (1, 2, 3, 4):
+        if vocab_size <= 1 << (8 * width):
+            return width
     raise ValueError(f"vocabulary of {vocab_size} tokens does not fit 32-bit ids")
+
+
+def id_layout(vocab_size: int, shape: tuple[int, int]) -> tuple[np.dtype, tuple[int, ...]]:
+    """How ``shape`` ids travel: the narrowest unsigned type, or 3 little-endian bytes per id."""
+    width = id_bytes(vocab_size)
+    if width == 3:
+        return np.dtype(np.uint8), (*shape, 3)
+    return np.dtype({1: np.uint8, 2: np.uint16, 4: np.uint32}[width]), shape
+
+
+def encode_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    dtype, shape = id_layout(vocab_size, ids.shape)
+    if len(shape) == 3:
+        return np.ascontiguousarray(ids.astype("<u4").view(np.uint8).reshape(*ids.shape, 4)[..., :3])
+    return ids.astype(dtype)
+
+
+def decode_ids(encoded: np.ndarray) -> np.ndarray:
+    if encoded.ndim == 3:
+        padded = np.zeros((*encoded.shape[:2], 4), dtype=np.uint8)
+        padded[..., :3] = encoded
+        return padded.view("<u4").reshape(encoded.shape[:2]).astype(np.int64)
+    return encoded.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -45,7 +69,7 @@ class Knowledge:
     values: list[np.ndarray]
 
     def pack(self, prefix: str, vocab_size: int, *, compress: bool = False) -> Payload:
-        ids = np.concatenate(self.ids).astype(id_dtype(vocab_size))
+        ids = encode_ids(np.concatenate(self.ids), vocab_size)
         values = np.clip(np.concatenate(self.values), -_FP16_MAX, _FP16_MAX).astype(np.float16)
         payload: Payload = {prefix + LOSS: self.losses.astype(np.float32)}
         for name, array in ((IDS, ids), (VALUES, values)):
@@ -66,12 +90,14 @@ def knowledge_spec(
         return {prefix + LOSS: ArraySpec((len(counts),), "float32")}
     return {
         prefix + LOSS: ArraySpec((len(counts),), "float32"),
-        prefix + IDS: ArraySpec((total, top_k), str(id_dtype(vocab_size))),
+        prefix + IDS: ArraySpec(
+            id_layout(vocab_size, (total, top_k))[1], str(id_layout(vocab_size, (total, top_k))[0])
+        ),
         prefix + VALUES: ArraySpec((total, top_k), "float16"),
     }
 
 
-def _field(payload: Payload, key: str, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
+def _field(payload: Payload, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """``key``'s array, inflated from ``key + DEFLATED`` when it travelled compressed."""
     if key + DEFLATED not in payload:
         if key not in payload:
@@ -101,7 +127,13 @@ def unpack_knowledge(
         raise ValueError(f"unexpected arrays: {', '.join(extra[:5])}")
     losses = np.asarray(payload[prefix + LOSS], dtype=np.float32)
     shape = (int(sum(counts)), top_k)
-    ids = _field(payload, prefix + IDS, id_dtype(vocab_size), shape).astype(np.int64)
+    ids_dtype, ids_shape = id_layout(vocab_size, shape)
+    encoded = _field(payload, prefix + IDS, ids_dtype, ids_shape)
+    if encoded.shape != ids_shape or encoded.dtype != ids_dtype:
+        raise ValueError(
+            f"'{prefix + IDS}' is {encoded.dtype} {encoded.shape}, expected {ids_dtype} {ids_shape}"
+        )
+    ids = decode_ids(encoded)
     values = _field(payload, prefix + VALUES, np.dtype(np.float16), shape).astype(np.float32)
     if ids.shape != shape or values.shape != shape:
         raise ValueError(f"'{prefix}' top-k of shape {ids.shape} / {values.shape}, expected {shape}")
