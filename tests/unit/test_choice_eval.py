@@ -232,3 +232,26 @@ def test_config_names_the_dataset_that_has_no_choices(raw: dict[str, Any], key: 
 
     with pytest.raises(ConfigError, match=f"'acc' scores multiple-choice records, but {key} dataset"):
         validate_config(raw)
+
+
+def test_scoring_only_the_choice_positions_equals_the_full_logits() -> None:
+    from fedtune.data.tokenize import IGNORE_INDEX
+    from fedtune.eval.scoring import batch_log_likelihoods, scored_log_likelihoods
+    from fedtune.models.lora import attach_lora
+    from fedtune.models.tiny import tiny_model
+
+    model, _ = tiny_model("llama", seed=3)
+    torch.manual_seed(0)
+    input_ids = torch.randint(0, 200, (3, 12))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 9:] = 0
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[0, 10:] = input_ids[0, 10:]
+    labels[1, 7:9] = input_ids[1, 7:9]
+    labels[2, 4] = input_ids[2, 4]
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    for scored in (model, attach_lora(model, r=2, alpha=4, dropout=0.0)):
+        with torch.no_grad():
+            full = batch_log_likelihoods(scored, batch)[0]
+            kept = scored_log_likelihoods(scored, batch)
+        assert torch.allclose(kept, full, atol=1e-5)

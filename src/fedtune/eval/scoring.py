@@ -7,6 +7,7 @@ flag afterwards, so it can run between federated rounds.
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -89,6 +90,40 @@ def batch_log_likelihoods(model: nn.Module, batch: Mapping[str, Tensor]) -> tupl
     return label_log_likelihoods(logits, batch["labels"].to(device))
 
 
+def _keeps_logits(model: nn.Module) -> bool:
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def scored_log_likelihoods(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """``batch_log_likelihoods(...)[0]`` with the LM head run only at the positions that predict a
+    scored token (a choice is a few tokens at the end of a long prompt: with Gemma-3's 262k-token
+    head, the full ``[B, T, V]`` logits cost more than the rest of the model). Models whose forward
+    takes no ``logits_to_keep`` get the full logits."""
+    if not _keeps_logits(model):
+        return batch_log_likelihoods(model, batch)[0]
+    device = model_device(model)
+    labels = batch["labels"].to(device)
+    predicting = (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().flatten()
+    input_ids = batch["input_ids"].to(device)
+    attention_mask = batch.get("attention_mask", torch.ones_like(input_ids)).to(device)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        logits_to_keep=predicting,
+    ).logits
+    targets = labels[:, predicting + 1]
+    token_nll = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return -token_nll.view(targets.shape).sum(dim=-1)
+
+
 def sequence_nll(model: nn.Module, batch: Mapping[str, Tensor]) -> tuple[float, int]:
     """Total negative log-likelihood of the batch's labelled tokens and their count."""
     with evaluating(model):
@@ -159,7 +194,7 @@ def choice_log_likelihoods(
             input_ids, attention_mask = pad_sequences([examples[i][0] for i in chunk], pad_id, side="right")
             labels, _ = pad_sequences([examples[i][1] for i in chunk], IGNORE_INDEX, side="right")
             batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-            for index, score in zip(chunk, batch_log_likelihoods(model, batch)[0].tolist(), strict=True):
+            for index, score in zip(chunk, scored_log_likelihoods(model, batch).tolist(), strict=True):
                 scores[index] = score
     grouped, offset = [], 0
     for options in choices:
