@@ -318,9 +318,17 @@ def test_encoder_names_are_refused_as_causal_lms(tmp_path: Path) -> None:
         load_causal_lm(str(tmp_path))
 
 
-def test_tiny_decoder_is_refused_as_classifier() -> None:
+def test_tiny_decoder_classifier_reads_the_last_token() -> None:
+    model, tokenizer = load_encoder_classifier("tiny-llama", 3, device="cpu")
+    batch = tokenizer(["a b c", "a"], return_tensors="pt", padding=True)
+
+    logits = model(**batch).logits
+    alone = model(**tokenizer(["a"], return_tensors="pt")).logits
+
+    assert logits.shape == (2, 3)
+    torch.testing.assert_close(logits[1], alone[0])
     with pytest.raises(ModelError, match="tiny-bert"):
-        load_encoder_classifier("tiny-llama", 2)
+        load_encoder_classifier("tiny-gpt2", 2)
 
 
 def test_directory_without_config_is_explained(tmp_path: Path) -> None:

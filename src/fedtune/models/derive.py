@@ -77,6 +77,7 @@ LAYER_PATHS: dict[str, tuple[str, str]] = {
     "qwen2": ("model", "layers"),
     "qwen3": ("model", "layers"),
     "gpt2": ("transformer", "h"),
+    "bert": ("bert.encoder", "layer"),  # BertForSequenceClassification (FedOT on encoders)
 }
 HELD_OUT_SEED = 20240501
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -105,8 +106,7 @@ def _layer_path(model: nn.Module) -> tuple[str, str]:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in LAYER_PATHS:
         raise ValueError(
-            f"cannot drop layers of a {model_type!r} model: supported decoder-only families are "
-            f"{', '.join(LAYER_PATHS)}"
+            f"cannot drop layers of a {model_type!r} model: supported families are {', '.join(LAYER_PATHS)}"
         )
     return LAYER_PATHS[model_type]
 

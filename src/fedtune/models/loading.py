@@ -314,8 +314,8 @@ def load_encoder_classifier(
     """A sequence classifier with a ``num_labels``-way head: freshly initialised from ``seed`` unless the
     checkpoint already holds a head of that width, which is kept.
 
-    Meant for encoders (``all-minilm-l6-v2``, ``tiny-bert``), but any model transformers can put a
-    classification head on is accepted.
+    Encoders (``all-minilm-l6-v2``, ``tiny-bert``) and decoders (``smollm2-135m``, ``tiny-llama``: the
+    head reads the last non-pad token); any model transformers can put a classification head on.
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -323,15 +323,16 @@ def load_encoder_classifier(
     tokenizer: PreTrainedTokenizerBase
     tiny = parse_tiny_name(name)
     if tiny is not None:
-        if tiny.arch != "bert":
-            raise ModelError(f"tiny classifiers are BERT only: use tiny-bert, not {name}")
+        if tiny.arch == "gpt2":
+            raise ModelError(f"no tiny GPT-2 classifier: use tiny-bert, tiny-llama or tiny-qwen2, not {name}")
         model, tokenizer = tiny_model(
-            "bert",
+            tiny.arch,
             num_layers=tiny.num_layers,
             hidden=tiny.hidden,
             num_labels=num_labels,
             seed=seed,
             tokenizer=tiny_tokenizer(tiny.tokenizer),
+            classifier=True,
         )
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
     source = resolve_source(name, "encoder", cache_dir, gguf_file)

@@ -39,9 +39,13 @@ def attach_lora(
     dropout: float,
     target_modules: Sequence[str] | str | None = None,
     seed: int = 0,
-    task_type: str = "CAUSAL_LM",
+    task_type: str | None = "CAUSAL_LM",
 ) -> PeftModel:
-    """Wrap ``model`` with a freshly (seeded) initialised LoRA adapter; base weights are frozen."""
+    """Wrap ``model`` with a freshly (seeded) initialised LoRA adapter; base weights are frozen.
+
+    ``task_type`` None: a plain ``PeftModel`` that passes every call through (a sequence classifier whose
+    head the caller trains itself, without peft's ``modules_to_save`` copies).
+    """
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,

@@ -168,6 +168,11 @@ def _layer_regex(model: nn.Module) -> re.Pattern[str]:
     return re.compile(rf"(?:^|\.)({re.escape(owner)}\.{re.escape(attribute)}\.)(\d+)\.")
 
 
+def layer_pattern(model: nn.Module) -> re.Pattern[str]:
+    """The regex whose group 2 is the layer index in ``model``'s parameter names."""
+    return _layer_regex(model)
+
+
 def layer_index(name: str, pattern: re.Pattern[str]) -> int | None:
     match = pattern.search(name)
     return int(match.group(2)) if match else None

@@ -173,8 +173,10 @@ def tiny_model(
     num_labels: int = 2,
     seed: int = 0,
     tokenizer: PreTrainedTokenizerFast | None = None,
+    classifier: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """A randomly initialised model of the given family with ``tokenizer`` (default: the byte-level one)."""
+    """A randomly initialised model of the given family with ``tokenizer`` (default: the byte-level one):
+    a sequence classifier with ``num_labels`` classes for BERT or with ``classifier``, else a causal LM."""
     tok = tokenizer or tiny_tokenizer()
     config = _tiny_config(arch, len(tok), num_layers, hidden, num_labels)
     config.pad_token_id = tok.pad_token_id
@@ -182,7 +184,8 @@ def tiny_model(
     config.bos_token_id = tok.bos_token_id
     torch.manual_seed(seed)
     model: PreTrainedModel
-    if arch == "bert":
+    if arch == "bert" or classifier:
+        config.num_labels = num_labels
         model = AutoModelForSequenceClassification.from_config(config)
     else:
         model = AutoModelForCausalLM.from_config(config)

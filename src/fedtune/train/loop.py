@@ -35,6 +35,14 @@ class TrainResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def batch_targets(batch: Batch) -> int:
+    """What a batch's loss is a sum over: its response tokens, or its examples for a classification
+    batch (one ``class_labels`` entry per example)."""
+    if "class_labels" in batch:
+        return int(batch["class_labels"].numel())
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
 def sft_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
     """Summed response-token NLL of a causal LM and the number of target tokens."""
     return response_nll(model, batch)
@@ -102,7 +110,7 @@ def train_local(
     for step in range(steps):
         group = [batches[(cursor + i) % len(batches)] for i in range(grad_accum)]
         cursor += grad_accum
-        group_targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in group)
+        group_targets = sum(batch_targets(b) for b in group)
         optimizer.zero_grad(set_to_none=True)
         for batch in group:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
