@@ -1,0 +1,298 @@
+"""FedPFT's two distillations of a sub-FM's FFNs towards the FM (Peng et al., IJCAI 2024, sec. 3.5).
+
+Layer-level (eq. 13): ``sum_i MSE(O_i, O'_i) + mu * sum_i ||W1 W2 - W1' W2'||_F^2`` over the layers
+``i`` (outputs of every transformer layer, not the embeddings), only the sub-FM's FFNs train.
+Neuron-level (eq. 14): clients count per neuron the share of token positions whose activation is
+"zero" (APoZ); the server freezes the most active neurons (lowest APoZ) and re-runs the layer-level
+distillation updating only the others (`ffn_grad_masks` zeroes their gradients).
+
+Deviations and choices:
+- GELU and SiLU are never exactly zero, so an activation counts as zero when it is ``<= 0``.
+- The mu term is computed with gradient w.r.t. the sub-FM's weights (the official code computes it
+  without, which ``mu = 0`` reproduces); it costs two ``[H, I] x [I, H]`` products per input
+  projection and layer per step.
+- The gated decoders' FFN has two input projections (gate, up): the weight term is summed over both.
+- The output projection's bias is shared by all neurons, so it is never frozen.
+- AdamW runs without weight decay so that masked (zero-gradient) entries stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedtune.models.ffn import FFN, ffn_layers, ffn_parameters
+from fedtune.models.surgery import unwrap
+
+Batch = Mapping[str, Tensor]
+ApozCounts = dict[int, tuple[np.ndarray, int]]
+
+
+def hidden_mse(
+    teacher_hidden: Sequence[Tensor], student_hidden: Sequence[Tensor], attention_mask: Tensor
+) -> Tensor:
+    """Sum over layers ``i >= 1`` of the MSE between hidden states [B, T, H] at non-pad positions.
+
+    Index 0 (the embedding output of ``output_hidden_states``) is skipped; ``attention_mask`` [B, T];
+    the teacher's states are constants. Returns a scalar (fp32).
+    """
+    if len(teacher_hidden) != len(student_hidden):
+        raise ValueError(f"{len(teacher_hidden)} teacher hidden states, {len(student_hidden)} student ones")
+    mask = attention_mask.to(dtype=torch.float32, device=student_hidden[0].device).unsqueeze(-1)
+    count = mask.sum() * student_hidden[0].shape[-1]
+    total = student_hidden[0].new_zeros((), dtype=torch.float32)
+    for teacher, student in zip(teacher_hidden[1:], student_hidden[1:], strict=True):
+        error = student.float() - teacher.detach().float().to(student.device)
+        total = total + (error.pow(2) * mask).sum() / count
+    return total
+
+
+def ffn_product_gap(full_ffn: FFN, sub_ffn: FFN) -> Tensor:
+    """``sum over input projections of ||W_out W_in - W_out' W_in'||_F^2``, a scalar (fp32).
+
+    ``W_out`` [H, I] and ``W_in`` [I, H] are torch Linear weights, so ``W_out W_in`` [H, H] is the
+    transpose of the paper's ``W1 W2`` (same norm). Gradient flows to the sub-FFN's weights only.
+    """
+    if len(full_ffn.inputs) != len(sub_ffn.inputs):
+        raise ValueError(f"layer {full_ffn.layer}: the FFNs have different numbers of input projections")
+    full_out = full_ffn.output.weight.detach().float()
+    sub_out = sub_ffn.output.weight.float()
+    gap = sub_out.new_zeros(())
+    for full_in, sub_in in zip(full_ffn.inputs, sub_ffn.inputs, strict=True):
+        target = (full_out @ full_in.weight.detach().float()).to(sub_out.device)
+        gap = gap + (target - sub_out @ sub_in.weight.float()).pow(2).sum()
+    return gap
+
+
+def layer_distill_loss(
+    teacher_hidden: Sequence[Tensor],
+    student_hidden: Sequence[Tensor],
+    attention_mask: Tensor,
+    full_ffns: Sequence[FFN],
+    sub_ffns: Sequence[FFN],
+    mu: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """Eq. 13: `hidden_mse` + ``mu`` * the sum of `ffn_product_gap` over layers (skipped when mu == 0).
+
+    Returns the scalar loss and its parts as floats (``loss``, ``hidden_mse``, ``product_gap``).
+    """
+    mse = hidden_mse(teacher_hidden, student_hidden, attention_mask)
+    loss = mse
+    parts = {"hidden_mse": float(mse.detach()), "product_gap": 0.0}
+    if mu != 0.0:
+        if [f.layer for f in full_ffns] != [f.layer for f in sub_ffns]:
+            raise ValueError("the full and the sub-model FFNs are not of the same layers")
+        gap = sum(
+            (ffn_product_gap(f, s) for f, s in zip(full_ffns, sub_ffns, strict=True)), mse.new_zeros(())
+        )
+        loss = mse + mu * gap
+        parts["product_gap"] = float(gap.detach())
+    parts["loss"] = float(loss.detach())
+    return loss, parts
+
+
+def ffn_grad_masks(sub_model: nn.Module, frozen: Mapping[int, np.ndarray]) -> dict[str, Tensor]:
+    """FFN parameter name -> 0/1 mask, broadcastable to the parameter, 0 on the ``frozen`` neurons.
+
+    ``frozen``: layer -> neuron indices in the sub-model's own numbering (absent layers: none frozen).
+    Input weights [I, H] get a mask [I, 1], input biases [I] a mask [I], the output weight [H, I] a mask
+    [1, I]; the output bias [H] is shared by all neurons and gets ones.
+    """
+    masks: dict[str, Tensor] = {}
+    for ffn in ffn_layers(sub_model):
+        weight = ffn.output.weight
+        keep = torch.ones(ffn.width, dtype=weight.dtype, device=weight.device)
+        keep[torch.as_tensor(np.asarray(frozen.get(ffn.layer, []), dtype=np.int64), device=weight.device)] = 0
+        for name in ffn.input_names:
+            masks[f"{name}.weight"] = keep.unsqueeze(1)
+            masks[f"{name}.bias"] = keep
+        masks[f"{ffn.output_name}.weight"] = keep.unsqueeze(0)
+        masks[f"{ffn.output_name}.bias"] = torch.ones_like(keep[:1])
+    names = set(ffn_parameters(sub_model))
+    return {name: mask for name, mask in masks.items() if name in names}
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _hidden_states(model: nn.Module, batch: Batch) -> tuple[Tensor, ...]:
+    """Every layer's output of the backbone (no LM / classification head) on ``batch``."""
+    device = _device(model)
+    backbone = unwrap(model).base_model
+    out = backbone(
+        input_ids=batch["input_ids"].to(device),
+        attention_mask=batch["attention_mask"].to(device),
+        output_hidden_states=True,
+    )
+    return tuple(out.hidden_states)
+
+
+def _count_hook(counts: dict[int, list[Any]], layer: int, state: dict[str, Tensor]) -> Any:
+    def hook(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        # args[0] [B, T, I]: the activations that multiply W_out's columns.
+        mask = state["mask"].to(args[0].device).unsqueeze(-1)
+        zeros = ((args[0] <= 0) & mask).sum(dim=(0, 1))
+        counts[layer][0] += zeros.cpu().numpy().astype(np.int64)
+        counts[layer][1] += int(state["mask"].sum())
+
+    return hook
+
+
+def apoz_counts(model: nn.Module, batches: Sequence[Batch]) -> ApozCounts:
+    """Layer -> (per-neuron count of activations ``<= 0`` [I], number of non-pad token positions).
+
+    Counted at the input of each FFN's output projection (BERT: GELU(W_in x); gated decoders:
+    SiLU(gate) * up), in eval mode without gradient; batches need input_ids and attention_mask.
+    """
+    counts: dict[int, list[Any]] = {}
+    state: dict[str, Tensor] = {}
+    handles = []
+    was_training = model.training
+    try:
+        for ffn in ffn_layers(model):
+            counts[ffn.layer] = [np.zeros(ffn.width, dtype=np.int64), 0]
+            handles.append(ffn.output.register_forward_pre_hook(_count_hook(counts, ffn.layer, state)))
+        model.eval()
+        with torch.no_grad():
+            for batch in batches:
+                state["mask"] = batch["attention_mask"].bool()
+                _hidden_states(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {layer: (zeros, int(positions)) for layer, (zeros, positions) in counts.items()}
+
+
+def aggregate_apoz(counts: Sequence[Mapping[int, tuple[np.ndarray, int]]]) -> dict[int, np.ndarray]:
+    """Layer -> APoZ [I] over all clients: summed zero counts / summed positions (token-weighted)."""
+    if not counts:
+        raise ValueError("no APoZ counts to aggregate")
+    layers = set(counts[0])
+    if any(set(c) != layers for c in counts):
+        raise ValueError("clients reported APoZ counts for different layers")
+    apoz: dict[int, np.ndarray] = {}
+    for layer in sorted(layers):
+        zeros = np.sum([np.asarray(c[layer][0], dtype=np.float64) for c in counts], axis=0)
+        positions = sum(int(c[layer][1]) for c in counts)
+        if positions == 0:
+            raise ValueError(f"layer {layer}: no token positions counted")
+        apoz[layer] = zeros / positions
+    return apoz
+
+
+def neurons_to_freeze(apoz: Mapping[int, np.ndarray], fraction: float) -> dict[int, np.ndarray]:
+    """Layer -> sorted indices of the ``round(fraction * I)`` lowest-APoZ (most active) neurons.
+
+    Ties go to the lower index.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"freeze fraction must be in [0, 1], got {fraction}")
+    frozen: dict[int, np.ndarray] = {}
+    for layer, values in apoz.items():
+        order = np.argsort(np.asarray(values), kind="stable")
+        frozen[layer] = np.sort(order[: round(fraction * len(order))]).astype(np.int64)
+    return frozen
+
+
+@dataclass(frozen=True)
+class DistillStats:
+    first_loss: float
+    last_loss: float
+    mean_loss: float
+    steps: int
+    seconds: float
+
+
+def _optimizer(name: str, params: Sequence[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; use adamw or sgd")
+
+
+def _distill_step(
+    teacher: nn.Module,
+    student: nn.Module,
+    batch: Batch,
+    mu: float,
+    ffns: tuple[list[FFN], list[FFN]],
+) -> float:
+    with torch.no_grad():
+        teacher_hidden = _hidden_states(teacher, batch)
+    student_hidden = _hidden_states(student, batch)
+    mask = batch["attention_mask"].to(student_hidden[0].device)
+    loss, parts = layer_distill_loss(teacher_hidden, student_hidden, mask, ffns[0], ffns[1], mu)
+    loss.backward()
+    return parts["loss"]
+
+
+def distill_ffns(
+    teacher: nn.Module,
+    student: nn.Module,
+    batches: Sequence[Batch],
+    *,
+    steps: int,
+    lr: float,
+    mu: float,
+    grad_masks: Mapping[str, Tensor] | None = None,
+    clip_norm: float = 1.0,
+    optimizer: str = "adamw",
+) -> DistillStats:
+    """Train only the student's FFN parameters for ``steps`` steps (cycling ``batches``) on eq. 13.
+
+    Both models run in eval mode (no dropout); requires_grad flags and modes are restored afterwards.
+    ``grad_masks`` (from `ffn_grad_masks`) multiply the gradients, so masked entries never move.
+    Models may be peft-wrapped and have any head: only the backbone's hidden states are used.
+    """
+    if steps < 1 or not batches:
+        raise ValueError(f"distillation needs steps >= 1 and at least one batch, got {steps} steps")
+    params = ffn_parameters(student)
+    flags = {name: p.requires_grad for name, p in student.named_parameters()}
+    modes = (teacher.training, student.training)
+    ffns = (ffn_layers(teacher), ffn_layers(student))
+    losses: list[float] = []
+    start = time.perf_counter()
+    try:
+        for p in student.parameters():
+            p.requires_grad_(False)
+        for p in params.values():
+            p.requires_grad_(True)
+        teacher.eval()
+        student.eval()
+        opt = _optimizer(optimizer, list(params.values()), lr)
+        for step in range(steps):
+            losses.append(_distill_step(teacher, student, batches[step % len(batches)], mu, ffns))
+            _mask_and_clip(params, grad_masks, clip_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        for name, p in student.named_parameters():
+            p.requires_grad_(flags[name])
+        teacher.train(modes[0])
+        student.train(modes[1])
+    seconds = time.perf_counter() - start
+    return DistillStats(losses[0], losses[-1], float(np.mean(losses)), steps, seconds)
+
+
+def _mask_and_clip(
+    params: Mapping[str, nn.Parameter], grad_masks: Mapping[str, Tensor] | None, clip_norm: float
+) -> None:
+    if grad_masks is not None:
+        unknown = sorted(set(grad_masks) - set(params))
+        if unknown:
+            raise ValueError(f"grad mask for {unknown[0]}, which is not an FFN parameter of the student")
+        for name, mask in grad_masks.items():
+            grad = params[name].grad
+            if grad is not None:
+                grad.mul_(mask)
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(list(params.values()), clip_norm)
