@@ -25,6 +25,7 @@ BUILTIN = {
     "fedavgm": "fedtune.algorithms.fedavgm:FedAvgM",
     "perfit": "fedtune.algorithms.perfit:PerFIT",
     "fedmkt": "fedtune.algorithms.fedmkt:FedMKT",
+    "fedpft": "fedtune.algorithms.fedpft:FedPFT",
 }
 
 _registered: dict[str, type] = {}

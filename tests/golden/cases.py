@@ -37,6 +37,7 @@ VOLATILE = {
     "kd_seconds",
     "teacher_seconds",
     "kd_student_seconds",
+    "distill_seconds",
 }
 METRICS_FILE = Path(__file__).with_name("metrics.json")
 

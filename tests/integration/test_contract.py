@@ -119,7 +119,8 @@ def test_no_raw_client_text_in_traffic(algorithm: str, tmp_path: Path) -> None:
 
     cfg = tiny_config(algorithm)
     texts = private_texts(cfg)
-    _, tokenizer = Resources(cfg).base_lm()
+    resources = Resources(cfg)
+    tokenizer = resources.tokenizer(resources.base_spec)  # also a classifier's (no LM head needed)
     seen: list[tuple[str, str, Payload]] = []
 
     def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:

@@ -1,0 +1,53 @@
+"""FedPFT: federated proxy fine-tuning with a sub-model aligned by layer- and neuron-level distillation.
+
+Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (``papers/004``, sec. 3.4-3.6).
+
+- **Sub-model** (sec. 3.4): in every layer, FFN neuron ``i``'s saliency is the squared norm of its
+  input row(s) plus its output column (`fedtune.models.ffn`); the top ``keep_ratio`` neurons stay,
+  ``keep_layers`` (first and last by default) keep their FFN whole. Attention, embeddings, norms and
+  the task head are untouched, so the trainable part -- LoRA on q, k, v, o and the head -- has the same
+  names and shapes in the full model and the sub-model.
+- **Layer-level distillation** before federated learning (eq. 13, `fedtune.models.ffn_distill`):
+  ``distill_steps`` AdamW steps on public data of the per-layer hidden-state MSE between the full and
+  the sub-model plus ``mu`` ||W_out W_in - W_out' W_in'||^2 (with gradient; ``mu: 0`` is what the
+  official code effectively does); only the compressed layers' FFNs train.
+- **Rounds**: sampled clients receive the LoRA + head, plus the sub-model's frozen part (embeddings,
+  attention, norms; once) and its FFNs (when their version changed: after each neuron-level
+  distillation); they train LoRA + head with cross-entropy and reply with them; FedAvg weighted by
+  example count. The full model's FFN weights of a compressed layer never leave the server (asserted
+  on the wire by the tests).
+- **Neuron-level distillation** (eq. 14) after every ``neuron_every``-th round (not after the last):
+  the round's clients report per-neuron APoZ on their own data (task ``apoz``); the server aggregates
+  them (weighted by token positions), freezes the ``freeze_fraction`` of each compressed layer's
+  neurons with the lowest APoZ (the most active on client data) and runs ``neuron_steps`` steps of
+  eq. 13 on public data updating only the other neurons.
+- **Evaluation**: the final LoRA + head plugged into the full model (metrics ``accuracy``,
+  ``macro_f1``), and on the sub-model (``sub/accuracy``, ``sub/macro_f1``).
+
+Baselines and ablations as settings: FedPETuning = ``submodel: full``; FedOT = ``submodel:
+layerdrop`` (the first and last ``edge_layers`` layers and a uniform ``1 - drop`` share of the middle
+ones, with FedBiOT's surgery; LoRA + head train on the kept layers and plug in at their original
+indices); FedPFT without layer-level distillation = ``distill_steps: 0``; without neuron-level
+distillation = ``neuron_every: 0``.
+
+Choices where the paper is silent, and deviations:
+- APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. It is
+  measured on the input of the FFN's output projection (BERT: GELU(x W_in); gated decoders:
+  SiLU(x W_gate) * (x W_up)), over non-pad tokens, on up to ``apoz_examples`` examples per client.
+- Both distillations run with the current global LoRA loaded into the full model and the sub-model,
+  in eval mode (no dropout); layers kept whole are never trained, so they stay equal to the full model's.
+- The hidden-state MSE is averaged over non-pad positions of each layer and summed over layers.
+- Sequence classification reads a record's ``instruction`` (and ``input`` as a second segment when
+  set); its class is its ``label`` for multiple-choice records, else its ``output`` among the class
+  names (``labels``, the choices, or a built-in set's categories). ``eval.metrics`` does not apply:
+  the metrics are always accuracy and macro-F1 (in [0, 1]).
+- FedOT's emulator is not distilled (the FedPFT paper compares with Offsite-tuning's emulator as
+  given); the layer-drop baseline therefore measures the cost of dropping layers without alignment.
+- The initial distillation is repeated on resume (it is deterministic); the checkpoint's FFNs then
+  replace its result.
+"""
+
+from fedtune.algorithms.fedpft.algorithm import FedPFT
+from fedtune.algorithms.fedpft.config import FedPFTConfig
+
+__all__ = ["FedPFT", "FedPFTConfig"]

@@ -1,0 +1,42 @@
+"""FedPFT's config section (``fedpft:``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fedtune.config import AlgorithmConfig
+
+
+class FedPFTConfig(AlgorithmConfig):
+    """FedPFT and its baselines: clients tune attention LoRA + a task head on a model the server derives.
+
+    ``submodel``: ``ffn`` (FedPFT: every layer's FFN cut to its ``keep_ratio`` most salient neurons,
+    ``keep_layers`` whole), ``full`` (FedPETuning: the full model), ``layerdrop`` (FedOT: the first and
+    last ``edge_layers`` layers plus a uniform ``1 - drop`` share of the middle ones, whole).
+    ``distill_steps: 0`` is the ablation without layer-level distillation, ``neuron_every: 0`` the one
+    without neuron-level distillation.
+    """
+
+    modes = ("federated", "centralized")
+
+    submodel: Literal["ffn", "full", "layerdrop"] = "ffn"
+    keep_ratio: float = Field(0.25, gt=0, le=1)
+    keep_layers: list[int] = Field(default_factory=lambda: [0, -1])
+    drop: float = Field(0.5, ge=0, lt=1)
+    edge_layers: int = Field(1, ge=0)
+    labels: list[str] | None = None
+    # Layer-level distillation (eq. 13) before federated learning, on public data.
+    distill_steps: int = Field(100, ge=0)
+    distill_lr: float = Field(1e-4, gt=0)
+    distill_batch_size: int = Field(8, ge=1)
+    mu: float = Field(0.0, ge=0)
+    public_dataset: str | None = None
+    public_examples: int | None = Field(512, ge=1)
+    # Neuron-level distillation (eq. 14) every ``neuron_every`` rounds (0: never).
+    neuron_every: int = Field(10, ge=0)
+    freeze_fraction: float = Field(0.5, ge=0, le=1)
+    neuron_steps: int = Field(50, ge=0)
+    apoz_examples: int | None = Field(64, ge=1)
+    client_cache: Literal["auto", "memory", "disk"] = "auto"

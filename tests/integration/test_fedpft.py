@@ -1,0 +1,105 @@
+"""FedPFT on a tiny BERT and a tiny Llama classifier: what travels, plug-in, baselines and ablations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedtune.algorithms.fedpft.algorithm import APOZ, FFN, FROZEN, TUNED
+from fedtune.fl.payload import Payload
+from fedtune.models.ffn import ffn_layers
+from fedtune.models.loading import load_encoder_classifier
+from tests.integration.helpers import quiet_runner, tiny_config
+
+Tap = list[tuple[str, str, str, int, Payload]]
+
+
+def tapped_run(tmp_path: Path, *overrides: str) -> tuple[list[dict[str, Any]], Tap]:
+    cfg = tiny_config("fedpft", *overrides)
+    seen: Tap = []
+
+    def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:
+        seen.append((direction, client, task, rnd, payload))
+
+    return quiet_runner(cfg, tmp_path, tap=tap).run(), seen
+
+
+def full_widths(name: str) -> dict[int, int]:
+    model, _ = load_encoder_classifier(name, 2, device="cpu")
+    return {ffn.layer: ffn.width for ffn in ffn_layers(model)}
+
+
+def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path) -> None:
+    history, seen = tapped_run(tmp_path)
+    widths = full_widths("tiny-bert-L4-H32")
+
+    downs = [(client, rnd, p) for direction, client, task, rnd, p in seen if direction == "down"]
+    ffn_arrays = [(k, v) for _, _, p in downs for k, v in p.items() if k.startswith(FFN)]
+    assert ffn_arrays
+    for key, value in ffn_arrays:
+        layer = int(key.split(".layer.")[1].split(".")[0])
+        compressed = layer not in (0, len(widths) - 1)
+        neuron_axis = 1 if "output.dense.weight" in key else 0
+        if "intermediate.dense" in key or ("output.dense.weight" in key and "attention" not in key):
+            size = value.shape[neuron_axis]
+            assert size == (widths[layer] // 2 if compressed else widths[layer]), key
+    # Every array a client receives is the tuned state, a frozen non-FFN part or a sub-model FFN.
+    for _, _, p in downs:
+        for key, value in p.items():
+            if isinstance(value, np.ndarray) and not key.startswith("layout/"):
+                assert key.startswith((TUNED, FROZEN, FFN)), key
+                if key.startswith(FROZEN):
+                    assert "intermediate" not in key and not key.endswith(".output.dense.weight"), key
+    # The sub-model goes to a client once; the FFNs again only after the neuron-level distillation.
+    first = {client for client, rnd, p in downs if rnd == 1 and any(k.startswith(FROZEN) for k in p)}
+    assert first and all(
+        not any(k.startswith(FROZEN) for k in p) for client, rnd, p in downs if rnd == 2 and client in first
+    )
+    assert all(any(k.startswith(FFN) for k in p) for client, rnd, p in downs if rnd == 2 and client in first)
+    assert history[1]["ffn_version"] == 1 and history[2]["ffn_version"] == 2
+    apoz = [p for direction, _, task, _, p in seen if direction == "up" and task == "apoz"]
+    assert apoz and all(
+        set(k for k in p if k.startswith(APOZ)) == {f"{APOZ}{i}" for i in range(4)} for p in apoz
+    )
+
+
+def test_uploads_hold_only_lora_and_the_head(tmp_path: Path) -> None:
+    _, seen = tapped_run(tmp_path, "fedpft.neuron_every=0")
+
+    uploads = [p for direction, _, task, _, p in seen if direction == "up" and task == "fit"]
+    keys = {k for p in uploads for k, v in p.items() if isinstance(v, np.ndarray)}
+    assert keys and all(
+        k.startswith(TUNED) and ("lora_" in k or k.startswith(TUNED + "classifier.")) for k in keys
+    )
+    assert any(k.startswith(TUNED + "classifier.") for k in keys)
+    assert not [p for direction, _, task, _, p in seen if task == "apoz"]
+
+
+def test_full_model_baseline_trains_the_model_it_evaluates(tmp_path: Path) -> None:
+    history, _ = tapped_run(tmp_path, "fedpft.submodel=full")
+
+    final = history[-1]["eval"]
+    assert final["accuracy"] == pytest.approx(final["sub/accuracy"])
+    assert history[1]["ffn_version"] == 1 and history[2]["ffn_version"] == 1
+
+
+@pytest.mark.parametrize("model", ["tiny-bert-L4-H32", "tiny-llama-L4-H32"])
+def test_layer_drop_baseline_plugs_into_the_full_model(tmp_path: Path, model: str) -> None:
+    history, seen = tapped_run(
+        tmp_path, f"model.name={model}", "fedpft.submodel=layerdrop", "fedpft.drop=0.5"
+    )
+
+    layers = {int(v) for _, _, _, _, p in seen for k, v in p.items() if k == "layout/layers" for v in v}
+    assert layers == {0, 1, 3}
+    assert np.isfinite(history[-1]["eval"]["accuracy"])
+
+
+def test_decoder_sub_model_trains(tmp_path: Path) -> None:
+    history, _ = tapped_run(tmp_path, "model.name=tiny-llama-L4-H32")
+
+    assert history[-1]["train_loss"] > 0
+    assert 0 <= history[-1]["eval"]["accuracy"] <= 1
+    assert history[2]["ffn_version"] == 2
