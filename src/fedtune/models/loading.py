@@ -290,7 +290,8 @@ def load_tokenizer(
     if tiny is not None:
         tokenizer: PreTrainedTokenizerBase = tiny_tokenizer(tiny.tokenizer)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "causal-lm", cache_dir, gguf_file))
+        # "encoder": any kind of model (a sequence classifier's party needs its tokenizer too).
+        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "encoder", cache_dir, gguf_file))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(
