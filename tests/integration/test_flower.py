@@ -160,6 +160,21 @@ def test_fedbiot_on_flower_equals_in_process(deployment: LocalDeployment, tmp_pa
         assert held == set(layout["emulator"]) and not held & set(layout["dropped"])
 
 
+def test_fedpft_neuron_distillation_on_flower_equals_in_process(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    # Two rounds: after round 1 the SuperNodes report APoZ (task "apoz") from their own processes,
+    # the server re-distils the FFNs and re-sends them; clients keep the sub-model on their disk.
+    expected = quiet_runner(tiny_config("fedpft", *TWO_CLIENTS), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedpft", *TWO_CLIENTS), tmp_path / "flower")
+    assert [row["round"] for row in actual] == [0, 1, 2]
+    assert_close(stable(actual), stable(expected))
+    assert actual[1]["apoz_clients"] == 2 and actual[2]["ffn_version"] == 2
+    for client in ("c00", "c01"):
+        cache = tmp_path / "flower" / "clients" / client / "fedpft-cache"
+        assert {p.name for p in cache.iterdir()} == {"arch.json", "ffn.npz", "frozen.npz"}
+
+
 # FedIT and FedBiOT have their own, longer Flower tests above; every other algorithm runs here.
 @pytest.mark.parametrize("algorithm", [a for a in algorithm_names() if a not in ("fedit", "fedbiot")])
 def test_every_algorithm_on_flower_equals_in_process(

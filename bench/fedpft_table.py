@@ -1,0 +1,236 @@
+"""FedPFT's comparison at small scale: FedOT, FedPFT, FedPETuning and the two ablations, side by side.
+
+    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --jobs 2             # run what is missing
+    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --datasets lexclass wic --seeds 0 1 2
+    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --partitions iid dir1 dir5 dir10
+    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --set model.name=smollm2-135m  # a decoder
+    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --table-only
+
+Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<partition>-s<seed>``):
+``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
+without layer-level distillation), ``no_neuron`` (without neuron-level distillation). Datasets:
+``lexclass`` (wordnet-lexclass, single sentences, 24 classes) and ``wic`` (wordnet-wic, sentence
+pairs, 2 classes). Partitions: IID and Dirichlet(alpha) label skew over the class.
+
+The table gives the final accuracy and macro-F1 of the LoRA + head plugged into the full model
+(mean ± std over seeds), the sub-model's own accuracy, what a client holds (parameters and the
+simulation's peak RSS, which holds every model of the run), and the MB sent down and up per round;
+then whether the expected ordering FedOT < FedPFT <= FedPETuning holds and whether each
+distillation step helps. Runs are subprocesses, ``--jobs`` at a time with one thread each;
+rerunning resumes unfinished runs and skips finished ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.perfit_table import _finished, read_rows, run_one
+
+ROWS: dict[str, list[str]] = {
+    "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
+    "fedpft": [],
+    "fedpetuning": ["fedpft.submodel=full", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
+    "no_layer": ["fedpft.distill_steps=0"],
+    "no_neuron": ["fedpft.neuron_every=0"],
+}
+LABELS = {
+    "fedot": "FedOT (layer drop)",
+    "fedpft": "FedPFT",
+    "fedpetuning": "FedPETuning (full model)",
+    "no_layer": "FedPFT w/o layer-level distillation",
+    "no_neuron": "FedPFT w/o neuron-level distillation",
+}
+DATASETS: dict[str, list[str]] = {
+    "lexclass": ["data.dataset=wordnet-lexclass"],
+    "wic": ["data.dataset=wordnet-wic"],
+}
+PARTITIONS: dict[str, list[str]] = {
+    "iid": ["data.partition.scheme=iid"],
+    **{
+        f"dir{alpha}": [
+            "data.partition.scheme=dirichlet",
+            f"data.partition.alpha={alpha}",
+            "data.partition.by=output",
+        ]
+        for alpha in (1, 5, 10)
+    },
+}
+
+
+def summarise(run_dirs: list[Path]) -> dict[str, Any]:
+    """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
+    finals: dict[str, dict[str, Any]] = {}
+    for run_dir in run_dirs:
+        rows = read_rows(run_dir)
+        if not rows or not _finished(run_dir, rows):
+            continue
+        evaluated = [r for r in rows if "accuracy" in r.get("eval", {})]
+        if evaluated:
+            finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]["eval"]
+    out: dict[str, Any] = {"seeds": len(finals)}
+    if not finals:
+        return out
+    for key in ("accuracy", "macro_f1", "sub/accuracy"):
+        values = {seed: 100 * metrics[key] for seed, metrics in finals.items()}
+        out[key] = float(np.mean(list(values.values())))
+        out[f"{key}_std"] = float(np.std(list(values.values())))
+        out[f"{key}_by_seed"] = values
+    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
+    rounds = [r for r in read_rows(done) if r.get("round", 0) > 0]
+    out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rounds])) / 1e6
+    out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rounds])) / 1e6
+    out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
+    info = done / "artifacts" / "fedpft.json"
+    if info.is_file():
+        saved = json.loads(info.read_text())
+        out["params"] = saved["params"]
+        out["distill_seconds"] = [round(d["seconds"], 1) for d in saved["distillation"]]
+    return out
+
+
+def _cell(result: dict[str, Any], key: str) -> str:
+    if key not in result:
+        return "-"
+    text = f"{result[key]:.1f}"
+    return text + (f" ± {result[key + '_std']:.1f}" if result["seeds"] > 1 else "")
+
+
+def _compare(
+    results: dict[str, dict[str, Any]], low: str, high: str, suffix: str, strict: bool
+) -> str | None:
+    a, b = results.get(f"{low}-{suffix}", {}), results.get(f"{high}-{suffix}", {})
+    if "accuracy" not in a or "accuracy" not in b:
+        return None
+    holds = a["accuracy"] < b["accuracy"] if strict else a["accuracy"] <= b["accuracy"]
+    seeds = sorted(set(a["accuracy_by_seed"]) & set(b["accuracy_by_seed"]))
+    wins = sum(a["accuracy_by_seed"][s] < b["accuracy_by_seed"][s] for s in seeds)
+    sign = "<" if strict else "<="
+    return (
+        f"- {suffix}: {LABELS[low]} {sign} {LABELS[high]}: {'holds' if holds else 'does not hold'} "
+        f"({a['accuracy']:.1f} vs {b['accuracy']:.1f}; lower in {wins} of {len(seeds)} seeds)"
+    )
+
+
+def ordering(results: dict[str, dict[str, Any]], suffixes: list[str]) -> list[str]:
+    pairs = [("fedot", "fedpft", True), ("fedpft", "fedpetuning", False)]
+    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True)]
+    lines = [
+        _compare(results, low, high, suffix, strict) for suffix in suffixes for low, high, strict in pairs
+    ]
+    return [line for line in lines if line]
+
+
+def _params(result: dict[str, Any]) -> str:
+    params = result.get("params", {})
+    if not params:
+        return "-"
+    return f"{params['client_params'] / 1e6:.1f}M of {params['full_params'] / 1e6:.1f}M"
+
+
+def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], command: str) -> str:
+    rows = []
+    for key, result in results.items():
+        if not result.get("seeds"):
+            continue
+        row, dataset, part = key.split("-")
+        rows.append(
+            [
+                LABELS[row],
+                dataset,
+                part,
+                _cell(result, "accuracy"),
+                _cell(result, "macro_f1"),
+                _cell(result, "sub/accuracy"),
+                _params(result),
+                f"{result['peak_rss_mb']:.0f}",
+                f"{result['mb_down_per_round']:.1f}",
+                f"{result['mb_up_per_round']:.2f}",
+                str(result["seeds"]),
+            ]
+        )
+    headers = [
+        "method",
+        "data",
+        "partition",
+        "accuracy",
+        "macro-F1",
+        "sub-model acc.",
+        "client holds",
+        "peak RSS MB (sim.)",
+        "MB down/round",
+        "MB up/round",
+        "seeds",
+    ]
+    return "\n".join(
+        [
+            f"# {cfg.name}: accuracy (%) of the final LoRA + head in the full model ({cfg.model.name})",
+            "",
+            f"`{command}`",
+            "",
+            markdown_table(headers, rows),
+            "",
+            "Ordering (expected: FedOT < FedPFT <= FedPETuning; each distillation step helps):",
+            *ordering(results, suffixes),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
+    parser.add_argument("--partitions", nargs="+", default=["iid"], choices=list(PARTITIONS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    args = parser.parse_args(argv)
+    from fedtune.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    base = args.runs_dir / cfg.name
+    command = "python bench/fedpft_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    suffixes = [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+    dirs = {
+        f"{row}-{suffix}": [base / f"{row}-{suffix}-s{seed}" for seed in args.seeds]
+        for suffix in suffixes
+        for row in args.rows
+    }
+    if not args.table_only:
+        jobs = []
+        for seed_index, seed in enumerate(args.seeds):  # every row of a seed before the next seed
+            for suffix in suffixes:
+                data, part = suffix.split("-")
+                for row in args.rows:
+                    overrides = [*ROWS[row], *DATASETS[data], *PARTITIONS[part], f"seed={seed}", *args.set]
+                    jobs.append((args.config, overrides, dirs[f"{row}-{suffix}"][seed_index]))
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for future in [pool.submit(run_one, *job) for job in jobs]:
+                future.result()
+    results = {key: summarise(paths) for key, paths in dirs.items()}
+    write_table(
+        args.results_dir / f"table-{cfg.name}",
+        markdown(cfg, results, suffixes, command),
+        cfg.name,
+        command,
+        results,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Smoke test of bench/fedpft_table.py on the tiny config: runs three rows, tabulates the ordering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import fedpft_table
+
+from tests.integration.helpers import ROOT
+
+
+def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += ["--rows", "fedot", "fedpft", "fedpetuning", "--jobs", "2", "--set", "fed.rounds=1"]
+    fedpft_table.main(argv)
+    table = (tmp_path / "results" / "table-fedpft-tiny.md").read_text()
+    assert "| FedPFT | lexclass | iid |" in table and "| FedOT (layer drop) | lexclass | iid |" in table
+    assert "- lexclass-iid: FedOT (layer drop) < FedPFT:" in table
+    assert "- lexclass-iid: FedPFT <= FedPETuning (full model):" in table
+    results = json.loads((tmp_path / "results" / "table-fedpft-tiny.json").read_text())["results"]
+    pft, full = results["fedpft-lexclass-iid"], results["fedpetuning-lexclass-iid"]
+    assert pft["seeds"] == 1 and pft["params"]["client_params"] < full["params"]["client_params"]
+    assert pft["mb_down_per_round"] < full["mb_down_per_round"]
+    fedpft_table.main([*argv, "--table-only"])
