@@ -247,6 +247,7 @@ BENCHMARK_SCRIPTS = {
     "p1": "token_align",
     "p2": "token_align",
     "p7": "fedmkt_wire",
+    "p11": "fedpft_client",
 }
 """The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
 

@@ -138,3 +138,24 @@ def test_p7_smoke_writes_results(tmp_path: Path) -> None:
     for row in record["rows"]:
         assert row["fedtune"] < row["fate"] and row["fedtune+zlib"] < row["fedtune"]
     assert _positive(record["server"]["per_round_s"])
+
+
+def test_p11_smoke_measures_three_client_models(tmp_path: Path) -> None:
+    _load("fedpft_client").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p11.smoke.json").read_text())
+    assert (tmp_path / "p11.smoke.md").read_text().startswith("# P11")
+    assert [entry["model"] for entry in record["models"]] == ["tiny-bert-L4-H32", "tiny-llama-L4-H32"]
+    for entry in record["models"]:
+        full, sub, drop = (entry["variants"][v] for v in ("fedpetuning", "fedpft", "fedot"))
+        # The sub-model keeps every layer's attention: it trains and sends what the full model does.
+        assert sub["trained_params"] == full["trained_params"] > drop["trained_params"]
+        assert sub["bytes_up_per_round"] == full["bytes_up_per_round"] == 4 * full["trained_params"]
+        assert sub["ffn_params"] < full["ffn_params"] and sub["params"] < full["params"]
+        assert sub["bytes_down_once"] < full["bytes_down_once"]
+        assert 0 < sub["bytes_ffn_resend"] == 4 * sub["ffn_params"]
+        assert 0 < sub["expected_step_ratio"] < 1 and full["expected_step_ratio"] == 1
+        for numbers in (full, sub, drop):
+            assert _positive(numbers["step_s"]) and len(numbers["step_seconds"]) == 2
+            assert numbers["peak_rss_mb"] >= numbers["baseline_rss_mb"] > 0
+        server = entry["server"]
+        assert _positive(server["layer_distill_s"]) and _positive(server["neuron_distill_s"])
