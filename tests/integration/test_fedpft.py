@@ -32,38 +32,46 @@ def full_widths(name: str) -> dict[int, int]:
     return {ffn.layer: ffn.width for ffn in ffn_layers(model)}
 
 
+def ffn_width(key: str, value: np.ndarray) -> int | None:
+    """The neuron count of an FFN array (BERT: intermediate rows, output columns), else None."""
+    if ".intermediate.dense." in key:
+        return int(value.shape[0])
+    if ".output.dense.weight" in key and ".attention." not in key:
+        return int(value.shape[1])
+    return None
+
+
 def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path) -> None:
     history, seen = tapped_run(tmp_path)
     widths = full_widths("tiny-bert-L4-H32")
+    whole = {0, len(widths) - 1}
 
     downs = [(client, rnd, p) for direction, client, task, rnd, p in seen if direction == "down"]
-    ffn_arrays = [(k, v) for _, _, p in downs for k, v in p.items() if k.startswith(FFN)]
-    assert ffn_arrays
-    for key, value in ffn_arrays:
+    sent = [(k, v) for _, _, p in downs for k, v in p.items() if isinstance(v, np.ndarray)]
+    checked = 0
+    for key, value in sent:
+        width = ffn_width(key, value)
+        if width is None:
+            continue
         layer = int(key.split(".layer.")[1].split(".")[0])
-        compressed = layer not in (0, len(widths) - 1)
-        neuron_axis = 1 if "output.dense.weight" in key else 0
-        if "intermediate.dense" in key or ("output.dense.weight" in key and "attention" not in key):
-            size = value.shape[neuron_axis]
-            assert size == (widths[layer] // 2 if compressed else widths[layer]), key
-    # Every array a client receives is the tuned state, a frozen non-FFN part or a sub-model FFN.
-    for _, _, p in downs:
-        for key, value in p.items():
-            if isinstance(value, np.ndarray) and not key.startswith("layout/"):
-                assert key.startswith((TUNED, FROZEN, FFN)), key
-                if key.startswith(FROZEN):
-                    assert "intermediate" not in key and not key.endswith(".output.dense.weight"), key
-    # The sub-model goes to a client once; the FFNs again only after the neuron-level distillation.
+        # Compressed layers travel only at their sub-model width (as FFN), whole layers once (frozen).
+        assert key.startswith(FROZEN if layer in whole else FFN), key
+        assert width == (widths[layer] if layer in whole else widths[layer] // 2), key
+        checked += 1
+    assert checked
+    for key, _ in sent:
+        assert key.startswith((TUNED, FROZEN, FFN, "layout/")), key
+    # The sub-model goes to a client once; its compressed FFNs again only after the neuron-level
+    # distillation.
     first = {client for client, rnd, p in downs if rnd == 1 and any(k.startswith(FROZEN) for k in p)}
-    assert first and all(
-        not any(k.startswith(FROZEN) for k in p) for client, rnd, p in downs if rnd == 2 and client in first
-    )
-    assert all(any(k.startswith(FFN) for k in p) for client, rnd, p in downs if rnd == 2 and client in first)
+    again = [p for client, rnd, p in downs if rnd == 2 and client in first]
+    assert first and again
+    assert all(not any(k.startswith(FROZEN) for k in p) for p in again)
+    assert all(any(k.startswith(FFN) for k in p) for p in again)
     assert history[1]["ffn_version"] == 1 and history[2]["ffn_version"] == 2
     apoz = [p for direction, _, task, _, p in seen if direction == "up" and task == "apoz"]
-    assert apoz and all(
-        set(k for k in p if k.startswith(APOZ)) == {f"{APOZ}{i}" for i in range(4)} for p in apoz
-    )
+    expected = {f"{APOZ}{i}" for i in range(4)}
+    assert apoz and all({k for k in p if k.startswith(APOZ)} == expected for p in apoz)
 
 
 def test_uploads_hold_only_lora_and_the_head(tmp_path: Path) -> None:

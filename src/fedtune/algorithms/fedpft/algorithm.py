@@ -20,6 +20,7 @@ from fedtune.algorithms.fedpft.parts import (
     Layout,
     arrays_of,
     count,
+    distilled_parameters,
     ffn_parameters,
     frozen_parameters,
     model_params,
@@ -41,7 +42,7 @@ from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult
 from fedtune.eval.metrics import by_category
 from fedtune.fl.aggregate import weighted_average
-from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, receive_part, save_npz
+from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, receive_part, save_npz, version_key
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.fl.validation import ReplySpec
@@ -71,6 +72,7 @@ def layout_payload(layout: Layout) -> Payload:
         LAYOUT + "num_layers": layout.num_layers,
         LAYOUT + "layers": np.asarray(layout.layers, dtype=np.int32),
         LAYOUT + "widths": np.asarray(layout.widths, dtype=np.int32),
+        LAYOUT + "compressed": np.asarray(layout.compressed, dtype=np.int32),
     }
 
 
@@ -78,7 +80,7 @@ def layout_from(msg: Payload) -> Layout:
     def ints(key: str) -> tuple[int, ...]:
         return tuple(int(i) for i in np.asarray(msg[LAYOUT + key]).tolist())
 
-    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"))
+    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"))
 
 
 def kept_layers(num_layers: int, edge: int, drop: float) -> tuple[int, ...]:
@@ -99,7 +101,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.global_state: dict[str, np.ndarray] = {}
         self.ffn_version = 1
         self.frozen_neurons: dict[int, np.ndarray] = {}
-        self.broadcast = VersionedBroadcast(("frozen", "ffn"))
+        # Only FedPFT's sub-model changes after setup (its compressed FFNs, by neuron-level distillation).
+        parts = ("frozen", "ffn") if self.section.submodel == "ffn" else ("frozen",)
+        self.broadcast = VersionedBroadcast(parts)
         self.broadcast.set_version("frozen", 1)
         self.layout: Layout | None = None
         self._models: tuple[Any, Any, Any] | None = None
@@ -128,7 +132,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
         else:
             client, layers = copy.deepcopy(base), tuple(range(n))
         widths = tuple(ffn.width for ffn in ffn_layers(client))
-        self.layout = Layout(n, layers, widths)
+        full_widths = {ffn.layer: ffn.width for ffn in ffn_layers(base)}
+        compressed = tuple(pos for pos, layer in enumerate(layers) if widths[pos] < full_widths[layer])
+        self.layout = Layout(n, layers, widths, compressed)
         lora = self.cfg.lora
         full = with_lora(base, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
         client = with_lora(client, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
@@ -150,16 +156,6 @@ class FedPFT(Algorithm[FedPFTConfig]):
         # initialisation (B = 0), i.e. those layers run as pretrained.
         targets = tuned_parameters(model)
         self._load({k: p for k, p in targets.items() if k in state}, state, what)
-
-    def _compressed_layers(self) -> list[int]:
-        """Client-model positions whose FFN is narrower than the full model's (the ones distilled)."""
-        assert self._models is not None and self.layout is not None
-        full_widths = {f.layer: f.width for f in ffn_layers(unwrap(self._models[0]))}
-        return [
-            pos
-            for pos, layer in enumerate(self.layout.layers)
-            if self.layout.widths[pos] < full_widths[layer]
-        ]
 
     # ------------------------------------------------------------------ setup
     def _public_batches(self, server: ServerContext, tokenizer: Any) -> list[dict[str, torch.Tensor]]:
@@ -204,7 +200,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         """``steps`` of eq. 13 on public batches, training the compressed layers' FFNs except ``frozen``
         neurons (eq. 14); layers kept whole stay exact copies of the full model's."""
         full, client, _ = self._models  # type: ignore[misc]
-        compressed = set(self._compressed_layers())
+        compressed = set(self.layout.compressed)  # type: ignore[union-attr]
         everything = {pos: np.arange(w) for pos, w in enumerate(self.layout.widths)}  # type: ignore[union-attr]
         masked = {
             pos: (np.asarray(frozen.get(pos, []), dtype=np.int64) if pos in compressed else idx)
@@ -249,18 +245,20 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
     def _wire_part(self, part: str) -> Payload:
         _, client, _ = self._models  # type: ignore[misc]
+        assert self.layout is not None
         if part == "frozen":
             entries: Payload = {
                 FROZEN + k: v for k, v in arrays_of(frozen_parameters(client, self.layout)).items()
             }
             entries["arch"] = unwrap(client).config.to_json_string(use_diff=False)
             return entries
-        return {FFN + k: v for k, v in arrays_of(ffn_parameters(client, self.layout)).items()}
+        return {FFN + k: v for k, v in arrays_of(distilled_parameters(client, self.layout)).items()}
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         self.server_models(server)
         sampled = fed.sample(self.clients_per_round(fed), rnd)
-        self.broadcast.set_version("ffn", self.ffn_version)
+        if "ffn" in self.broadcast.versions:
+            self.broadcast.set_version("ffn", self.ffn_version)
         messages = {client: self._message(client) for client in sampled}
         sent = [m for m in messages.values() if any(k.startswith((FFN, FROZEN)) for k in m)]
         submodel_bytes = sum(
@@ -357,7 +355,12 @@ class FedPFT(Algorithm[FedPFTConfig]):
         if "model" not in holder:
             raise ClientCacheMiss(f"client {ctx.client_id} holds no sub-model and was not sent one")
         model = holder["model"]
-        for part, prefix, select in (("frozen", FROZEN, frozen_parameters), ("ffn", FFN, ffn_parameters)):
+        for part, prefix, select in (
+            ("frozen", FROZEN, frozen_parameters),
+            ("ffn", FFN, distilled_parameters),
+        ):
+            if version_key(part) not in msg:
+                continue
             targets = select(model, layout)
             receive_part(
                 msg,
@@ -379,6 +382,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
         spec = json.loads(arch)
         config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+        # Built at the narrowest width, then each FFN resized to its own: a client never allocates
+        # (let alone receives) a compressed layer's full FFN.
+        config.intermediate_size = min(layout.widths)
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_config(config)
         resize_ffn(model, dict(enumerate(layout.widths)))

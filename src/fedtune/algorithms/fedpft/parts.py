@@ -7,13 +7,13 @@ on a layer-dropped emulator plug into the full model by name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from torch import nn
 
-from fedtune.models.ffn import ffn_parameter_names
+from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
 from fedtune.models.lora import attach_lora
 from fedtune.models.surgery import layer_pattern, relabel, unwrap
 
@@ -29,11 +29,13 @@ ATTENTION_TARGETS = {
 
 @dataclass(frozen=True)
 class Layout:
-    """Which original layers the client model holds, and each held layer's FFN width."""
+    """Which original layers the client model holds, each held layer's FFN width, and the positions
+    of the layers whose FFN is narrower than the full model's (the ones the distillations train)."""
 
     num_layers: int
     layers: tuple[int, ...]
     widths: tuple[int, ...]
+    compressed: tuple[int, ...] = ()
 
     def positions(self) -> dict[int, int]:
         """Original layer index -> position in the client model."""
@@ -79,16 +81,23 @@ def tuned_parameters(model: nn.Module, layout: Layout | None = None) -> dict[str
     }
 
 
-def ffn_parameters(model: nn.Module, layout: Layout | None = None) -> dict[str, nn.Parameter]:
-    """The FFN weights and biases (what FedPFT compresses and distils)."""
-    wanted = ffn_parameter_names(unwrap(model))
+def ffn_parameters(
+    model: nn.Module, layout: Layout | None = None, positions: Iterable[int] | None = None
+) -> dict[str, nn.Parameter]:
+    """The FFN weights and biases (of the layers at ``positions`` in ``model``, default all)."""
+    wanted = set(ffn_module_parameters(unwrap(model), positions))
     base_names = {id(p): n for n, p in unwrap(model).named_parameters()}
     return {k: p for k, p in _original_names(model, layout).items() if base_names[id(p)] in wanted}
 
 
-def frozen_parameters(model: nn.Module, layout: Layout | None = None) -> dict[str, nn.Parameter]:
-    """Everything else: embeddings, attention, norms, pooler (sent once)."""
-    moving = set(tuned_parameters(model, layout)) | set(ffn_parameters(model, layout))
+def distilled_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
+    """The compressed layers' FFNs: what the distillations change (re-sent after each)."""
+    return ffn_parameters(model, layout, layout.compressed)
+
+
+def frozen_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
+    """Everything else but LoRA and the head: embeddings, attention, norms, pooler, whole FFNs (sent once)."""
+    moving = set(tuned_parameters(model, layout)) | set(distilled_parameters(model, layout))
     return {k: p for k, p in _original_names(model, layout).items() if k not in moving}
 
 
