@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedtune.algorithms.fedpft.algorithm import APOZ, FFN, FROZEN, TUNED
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
 from fedtune.models.ffn import ffn_layers
 from fedtune.models.loading import load_encoder_classifier
@@ -72,6 +73,24 @@ def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path) -> 
     apoz = [p for direction, _, task, _, p in seen if direction == "up" and task == "apoz"]
     expected = {f"{APOZ}{i}" for i in range(4)}
     assert apoz and all({k for k in p if k.startswith(APOZ)} == expected for p in apoz)
+
+
+def test_layers_kept_whole_stay_equal_to_the_full_model(tmp_path: Path) -> None:
+    cfg = tiny_config("fedpft")
+    quiet_runner(cfg, tmp_path).run()
+    state = load_checkpoint(latest_checkpoint(tmp_path))["algorithm"]  # type: ignore[arg-type]
+    full, _ = load_encoder_classifier(cfg.model.name, 24, device="cpu", seed=cfg.seed)
+    reference = {n: p.detach().numpy() for n, p in full.named_parameters()}
+
+    last = len(ffn_layers(full)) - 1
+    whole = [k for k in state["ffn"] if ".layer.0." in k or f".layer.{last}." in k]
+    assert whole and state["ffn_version"] == 2  # the neuron-level distillation ran
+    for key in whole:
+        np.testing.assert_array_equal(state["ffn"][key], reference[key], err_msg=key)
+    moved = [
+        k for k in state["ffn"] if k not in whole and not np.array_equal(state["ffn"][k], reference.get(k))
+    ]
+    assert moved
 
 
 def test_uploads_hold_only_lora_and_the_head(tmp_path: Path) -> None:

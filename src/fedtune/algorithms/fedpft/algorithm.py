@@ -48,6 +48,7 @@ from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.derive import truncate_layers
 from fedtune.models.ffn import build_submodel, ffn_layers, resize_ffn, select_neurons
+from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
 from fedtune.models.ffn_distill import (
     aggregate_apoz,
     apoz_counts,
@@ -200,12 +201,13 @@ class FedPFT(Algorithm[FedPFTConfig]):
         """``steps`` of eq. 13 on public batches, training the compressed layers' FFNs except ``frozen``
         neurons (eq. 14); layers kept whole stay exact copies of the full model's."""
         full, client, _ = self._models  # type: ignore[misc]
-        compressed = set(self.layout.compressed)  # type: ignore[union-attr]
-        everything = {pos: np.arange(w) for pos, w in enumerate(self.layout.widths)}  # type: ignore[union-attr]
-        masked = {
-            pos: (np.asarray(frozen.get(pos, []), dtype=np.int64) if pos in compressed else idx)
-            for pos, idx in everything.items()
-        }
+        assert self.layout is not None
+        compressed = self.layout.compressed
+        masks = ffn_grad_masks(client, {pos: np.asarray(frozen.get(pos, []), np.int64) for pos in compressed})
+        # A layer kept whole trains nothing, not even its output bias (shared by every neuron).
+        whole = [pos for pos in range(len(self.layout.widths)) if pos not in compressed]
+        untouched = set(ffn_module_parameters(unwrap(client), whole))
+        masks = {name: torch.zeros_like(m) if name in untouched else m for name, m in masks.items()}
         start = time.perf_counter()
         stats = distill_ffns(
             full,
@@ -214,7 +216,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
             steps=steps,
             lr=self.section.distill_lr,
             mu=self.section.mu,
-            grad_masks=ffn_grad_masks(client, masked),
+            grad_masks=masks,
         )
         self.distill_log.append(
             {
