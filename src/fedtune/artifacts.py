@@ -57,21 +57,27 @@ def evaluate_run(
 ) -> EvalResult:
     from fedtune.runner import prepare_data
 
-    model, tokenizer, cfg = load_final_model(run_dir, fedbiot_model)
+    cfg = load_run_config(run_dir)
     if split:
         cfg.data.eval_split = split
     if max_examples:
         cfg.eval.max_examples = max_examples
     data = prepare_data(cfg)
-    result = evaluate_lm(
-        model,
-        tokenizer,
-        data.eval_records,
-        cfg.eval,
-        template=cfg.data.template,
-        max_length=cfg.data.max_length,
-        seed=cfg.seed,
-    )
+    if cfg.algorithm == "fedpft":  # a sequence classifier: accuracy and macro-F1
+        from fedtune.algorithms.fedpft.final import evaluate_final_fedpft
+
+        result = evaluate_final_fedpft(cfg, run_dir, data.eval_records)
+    else:
+        model, tokenizer, _ = load_final_model(run_dir, fedbiot_model)
+        result = evaluate_lm(
+            model,
+            tokenizer,
+            data.eval_records,
+            cfg.eval,
+            template=cfg.data.template,
+            max_length=cfg.data.max_length,
+            seed=cfg.seed,
+        )
     summary = {
         "split": cfg.data.eval_split,
         "examples": len(data.eval_records),
@@ -111,6 +117,10 @@ def generate_from_run(
         )
     if alpha is not None:
         raise ValueError("alpha applies to FedPT runs only (proxy-tuned decoding)")
+    if load_run_config(run_dir).algorithm == "fedpft":
+        raise ValueError(
+            f"{run_dir} is a FedPFT run: its model classifies, it does not generate (`fedtune eval`)"
+        )
     model, tokenizer, cfg = load_final_model(run_dir, fedbiot_model)
     texts = prompts if raw else _templated(prompts, cfg, tokenizer)
     return generate_texts(

@@ -130,3 +130,17 @@ def test_decoder_sub_model_trains(tmp_path: Path) -> None:
     assert history[-1]["train_loss"] > 0
     assert 0 <= history[-1]["eval"]["accuracy"] <= 1
     assert history[2]["ffn_version"] == 2
+
+
+def test_fedtune_eval_scores_the_plugged_in_model_like_the_last_round(tmp_path: Path) -> None:
+    from fedtune.artifacts import evaluate_run, generate_from_run
+
+    # Sentence pairs, 2 classes: a tiny random model scores away from 0.
+    history, _ = tapped_run(tmp_path, "fedpft.submodel=layerdrop", "data.dataset=wordnet-wic")
+    result = evaluate_run(tmp_path)
+
+    assert 0 < result.metrics["accuracy"] == pytest.approx(history[-1]["eval"]["accuracy"])
+    assert result.by_category == history[-1]["eval_by_category"]
+    assert result.metrics["macro_f1"] == pytest.approx(history[-1]["eval"]["macro_f1"])
+    with pytest.raises(ValueError, match="classifies"):
+        generate_from_run(tmp_path, ["hello"])

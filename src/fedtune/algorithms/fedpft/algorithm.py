@@ -16,6 +16,7 @@ import torch
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.fedit import fit_round_result
 from fedtune.algorithms.fedpft.config import FedPFTConfig
+from fedtune.algorithms.fedpft.final import TUNED_FILE, classification_result
 from fedtune.algorithms.fedpft.parts import (
     Layout,
     arrays_of,
@@ -33,14 +34,11 @@ from fedtune.data.classify import (
     class_names,
     classification_batches,
     classification_loss,
-    classification_metrics,
     encode_classification,
-    predict_classes,
 )
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult
-from fedtune.eval.metrics import by_category
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, receive_part, save_npz, version_key
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
@@ -445,6 +443,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
     # ------------------------------------------------------------------- eval
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+        """The LoRA + head plugged into the full model; ``sub/`` metrics: on the sub-model."""
         full, client, tokenizer = self.server_models(server)
         records = list(server.eval_records)
         names = self.labels(records)
@@ -452,23 +451,21 @@ class FedPFT(Algorithm[FedPFTConfig]):
             "fedpft/eval_examples",
             lambda: encode_classification(records, tokenizer, names, self.cfg.data.max_length),
         )
-        batches = classification_batches(
-            examples, self.cfg.eval.batch_size, int(tokenizer.pad_token_id or 0), seed=None
-        )
-        metrics: dict[str, float] = {}
-        categories: dict[str, dict[str, float]] = {}
-        for prefix, model in (("", full), ("sub/", client)):
+        results = []
+        for model in (full, client):
             self._load_tuned(model, self.global_state, "global state")
-            predicted, gold = predict_classes(model, batches)
-            metrics.update(
-                {prefix + k: v for k, v in classification_metrics(predicted, gold, len(names)).items()}
+            results.append(
+                classification_result(
+                    model,
+                    examples,
+                    records,
+                    len(names),
+                    batch_size=self.cfg.eval.batch_size,
+                    pad_token_id=int(tokenizer.pad_token_id or 0),
+                )
             )
-            if not prefix:
-                hits = [float(p == g) for p, g in zip(predicted, gold, strict=True)]
-                categories = {
-                    c: {"accuracy": v} for c, v in by_category(hits, [r.category for r in records]).items()
-                }
-        return EvalResult(metrics=metrics, by_category=categories)
+        sub = {f"sub/{k}": v for k, v in results[1].metrics.items()}
+        return EvalResult(metrics={**results[0].metrics, **sub}, by_category=results[0].by_category)
 
     def client_model_params(self) -> dict[str, int]:
         if self._models is None:
@@ -487,7 +484,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         if self.layout is None:
             return
         directory.mkdir(parents=True, exist_ok=True)
-        save_npz(directory / "fedpft-tuned.npz", self.global_state)
+        save_npz(directory / TUNED_FILE, self.global_state)
         info = {
             "algorithm": self.name,
             "base_model": self.cfg.model.name,

@@ -1,0 +1,84 @@
+"""FedPFT's evaluation and its final model: the LoRA + head plugged into the full classifier."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from fedtune.algorithms.fedpft.parts import tuned_parameters, with_lora
+from fedtune.config import ExperimentConfig
+from fedtune.data.classify import (
+    ClassExample,
+    class_names,
+    classification_batches,
+    classification_metrics,
+    encode_classification,
+    predict_classes,
+)
+from fedtune.data.records import Record
+from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.metrics import by_category
+from fedtune.fl.broadcast import load_npz
+from fedtune.models.loading import load_encoder_classifier
+from fedtune.models.surgery import load_parameters
+from fedtune.resources import model_spec
+
+TUNED_FILE = "fedpft-tuned.npz"
+
+
+def classification_result(
+    model: nn.Module,
+    examples: Sequence[ClassExample],
+    records: Sequence[Record],
+    num_classes: int,
+    *,
+    batch_size: int,
+    pad_token_id: int,
+) -> EvalResult:
+    """Accuracy and macro-F1 of ``model`` on ``examples`` (encoded ``records``), accuracy per category."""
+    batches = classification_batches(examples, batch_size, pad_token_id, seed=None)
+    predicted, gold = predict_classes(model, batches)
+    hits = [float(p == g) for p, g in zip(predicted, gold, strict=True)]
+    categories = by_category(hits, [r.category for r in records])
+    return EvalResult(
+        metrics=classification_metrics(predicted, gold, num_classes),
+        by_category={c: {"accuracy": v} for c, v in categories.items()},
+    )
+
+
+def load_final_fedpft(
+    cfg: ExperimentConfig, run_dir: Path, records: Sequence[Record]
+) -> tuple[Any, Any, list[str]]:
+    """(the full classifier with the run's final LoRA + head, its tokenizer, the class names)."""
+    tuned_file = run_dir / "artifacts" / TUNED_FILE
+    if not tuned_file.is_file():
+        raise FileNotFoundError(f"{tuned_file} is missing: did the run finish? (`fedtune resume {run_dir}`)")
+    section = cfg.section("fedpft")
+    names = class_names(cfg.data.dataset, list(records), section.labels)
+    spec = model_spec(cfg.model, cfg.seed)
+    base, tokenizer = load_encoder_classifier(
+        spec.name, len(names), dtype="fp32", device=spec.device, cache_dir=spec.cache_path, seed=spec.seed
+    )
+    lora = cfg.lora
+    model = with_lora(base, lora.r, lora.alpha, lora.dropout, cfg.seed)
+    state = load_npz(tuned_file)
+    targets = tuned_parameters(model)
+    load_parameters({k: p for k, p in targets.items() if k in state}, state, str(tuned_file))
+    return model.eval(), tokenizer, names
+
+
+def evaluate_final_fedpft(cfg: ExperimentConfig, run_dir: Path, records: Sequence[Record]) -> EvalResult:
+    """``fedtune eval`` of a FedPFT run: the plugged-in full model on ``records``."""
+    model, tokenizer, names = load_final_fedpft(cfg, run_dir, records)
+    examples = encode_classification(records, tokenizer, names, cfg.data.max_length)
+    return classification_result(
+        model,
+        examples,
+        records,
+        len(names),
+        batch_size=cfg.eval.batch_size,
+        pad_token_id=int(tokenizer.pad_token_id or 0),
+    )
