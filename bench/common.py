@@ -37,6 +37,21 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def table_parser(description: str | None) -> argparse.ArgumentParser:
+    """The options every paper-table script shares; the script adds its rows and settings."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    return parser
+
+
 def setup_torch(threads: int) -> None:
     # Offline by default: benchmarks use the local zoo and built-in data only.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

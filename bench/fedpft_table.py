@@ -22,7 +22,6 @@ rerunning resumes unfinished runs and skips finished ones.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.common import markdown_table, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 ROWS: dict[str, list[str]] = {
@@ -186,19 +185,10 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser = table_parser(__doc__)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
     parser.add_argument("--partitions", nargs="+", default=["iid"], choices=list(PARTITIONS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
-    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
-    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 

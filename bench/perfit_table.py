@@ -21,7 +21,6 @@ resumes unfinished runs and skips finished ones.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.common import markdown_table, table_parser, write_table
 
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
@@ -263,20 +262,11 @@ def _shapes(run_dir: Path) -> dict[str, tuple[int, ...]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser = table_parser(__doc__)
     parser.add_argument(
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
-    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
-    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 

@@ -71,6 +71,14 @@ class VersionedBroadcast:
         self._built = {}
 
 
+def client_cache_mode(mode: str, backend: str) -> str:
+    """Where a client keeps what it was sent: ``auto`` = ``disk`` on Flower (a ClientApp process lives
+    for one message), ``memory`` in simulation."""
+    if mode == "auto":
+        return "disk" if backend == "flower" else "memory"
+    return mode
+
+
 def save_npz(path: Path, state: Mapping[str, np.ndarray]) -> None:
     """Write ``state`` atomically (per process: runs and clients sharing a directory may race)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,14 @@ from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
 from fedtune.fl.aggregate import weighted_average
-from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, load_npz, receive_part, save_npz
+from fedtune.fl.broadcast import (
+    ClientCacheMiss,
+    VersionedBroadcast,
+    client_cache_mode,
+    load_npz,
+    receive_part,
+    save_npz,
+)
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.models.loading import resolve_device
@@ -356,11 +363,9 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         )
 
     def _client_cache(self) -> str:
-        """``auto``: disk on Flower (a ClientApp process lives for one message), memory in simulation."""
-        mode = str(self.section.client_cache)
-        if mode == "auto":
-            return "disk" if getattr(self.cfg.fed, "backend", "simulation") == "flower" else "memory"
-        return mode
+        return client_cache_mode(
+            str(self.section.client_cache), getattr(self.cfg.fed, "backend", "simulation")
+        )
 
     def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
         from fedtune.data.tokenize import encode_records as encode

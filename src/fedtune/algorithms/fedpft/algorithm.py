@@ -40,7 +40,14 @@ from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult
 from fedtune.fl.aggregate import weighted_average
-from fedtune.fl.broadcast import ClientCacheMiss, VersionedBroadcast, receive_part, save_npz, version_key
+from fedtune.fl.broadcast import (
+    ClientCacheMiss,
+    VersionedBroadcast,
+    client_cache_mode,
+    receive_part,
+    save_npz,
+    version_key,
+)
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.fl.validation import ReplySpec
@@ -332,10 +339,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
         return {"fit": self._fit, "apoz": self._apoz}
 
     def _client_cache(self) -> str:
-        mode = str(self.section.client_cache)
-        if mode == "auto":
-            return "disk" if getattr(self.cfg.fed, "backend", "simulation") == "flower" else "memory"
-        return mode
+        return client_cache_mode(
+            str(self.section.client_cache), getattr(self.cfg.fed, "backend", "simulation")
+        )
 
     def _client_model(self, ctx: ClientContext, msg: Payload, layout: Layout) -> Any:
         """The client's model: built from the architecture and FFN widths it was sent, weights as received."""
