@@ -138,13 +138,7 @@ def token_macs(model: Any, seq_len: int) -> dict[str, int]:
 
 def sizes(model: Any) -> dict[str, int]:
     """Parameters the client holds, and the fp32 bytes of what it sends and receives."""
-    from fedtune.algorithms.fedpft.parts import (
-        count,
-        ffn_parameters,
-        frozen_parameters,
-        model_params,
-        tuned_parameters,
-    )
+    from fedtune.algorithms.fedpft.parts import count, ffn_parameters, model_params, tuned_parameters
 
     tuned, ffn = count(tuned_parameters(model)), count(ffn_parameters(model))
     return {
@@ -153,7 +147,7 @@ def sizes(model: Any) -> dict[str, int]:
         "trained_params": tuned,
         "bytes_up_per_round": tuned * BYTES_FP32,
         "bytes_down_per_round": tuned * BYTES_FP32,
-        "bytes_down_once": (count(frozen_parameters(model)) + ffn) * BYTES_FP32,
+        "bytes_down_once": (model_params(model) - tuned) * BYTES_FP32,  # all but LoRA + head
     }
 
 
@@ -300,6 +294,7 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
     from fedtune.algorithms.fedpft.parts import count, ffn_parameters, with_lora
     from fedtune.data.builtin import load_builtin
     from fedtune.data.classify import class_names
+    from fedtune.models.ffn import ffn_widths
     from fedtune.models.loading import load_encoder_classifier
 
     names = class_names(DATASET, load_builtin(DATASET, "test")[:1])
@@ -334,7 +329,10 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
             "macs_per_token": macs[variant]["all"],
             "step_seconds": step_seconds[variant],
         }
-    sub_ffn = count(ffn_parameters(models["fedpft"]))
+    # Re-sent after a neuron-level distillation: the compressed layers' FFNs only.
+    full_widths = ffn_widths(plain["fedpetuning"])
+    compressed = [pos for pos, width in ffn_widths(plain["fedpft"]).items() if width < full_widths[pos]]
+    sub_ffn = count(ffn_parameters(models["fedpft"], positions=compressed))
     variants["fedpft"]["bytes_ffn_resend"] = sub_ffn * BYTES_FP32
     full_ffn = macs["fedpetuning"]["ffn"]
     server = distillation_times(

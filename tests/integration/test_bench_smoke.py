@@ -152,7 +152,8 @@ def test_p11_smoke_measures_three_client_models(tmp_path: Path) -> None:
         assert sub["bytes_up_per_round"] == full["bytes_up_per_round"] == 4 * full["trained_params"]
         assert sub["ffn_params"] < full["ffn_params"] and sub["params"] < full["params"]
         assert sub["bytes_down_once"] < full["bytes_down_once"]
-        assert 0 < sub["bytes_ffn_resend"] == 4 * sub["ffn_params"]
+        # Only the compressed layers' FFNs are re-sent; the first and last layers stay whole.
+        assert 0 < sub["bytes_ffn_resend"] < 4 * sub["ffn_params"]
         assert 0 < sub["expected_step_ratio"] < 1 and full["expected_step_ratio"] == 1
         for numbers in (full, sub, drop):
             assert _positive(numbers["step_s"]) and len(numbers["step_seconds"]) == 2
