@@ -1,0 +1,55 @@
+"""FedPFT's parts: what trains, what is sent once, what is re-sent; FedOT's kept layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedtune.algorithms.fedpft.algorithm import kept_layers
+from fedtune.algorithms.fedpft.parts import (
+    Layout,
+    distilled_parameters,
+    frozen_parameters,
+    tuned_parameters,
+    with_lora,
+)
+from fedtune.models.derive import truncate_layers
+from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
+from fedtune.models.loading import load_encoder_classifier
+
+
+def test_fedot_keeps_the_edges_and_a_uniform_share_of_the_middle() -> None:
+    assert kept_layers(6, 1, 0.5) == (0, 1, 4, 5)
+    assert kept_layers(4, 1, 0.5) == (0, 1, 3)
+    assert kept_layers(12, 2, 0.0) == tuple(range(12))
+
+
+@pytest.mark.parametrize("name", ["tiny-bert-L4-H32", "tiny-llama-L4-H32"])
+def test_tuned_frozen_and_distilled_split_every_parameter_once(name: str) -> None:
+    base, _ = load_encoder_classifier(name, 3, device="cpu")
+    sub = build_submodel(base, select_neurons(base, 0.5, [0, -1]))
+    widths = ffn_widths(sub)
+    layout = Layout(4, (0, 1, 2, 3), tuple(widths[i] for i in range(4)), (1, 2))
+    model = with_lora(sub, 4, 8, 0.0, 0)
+
+    tuned, frozen = tuned_parameters(model, layout), frozen_parameters(model, layout)
+    distilled = distilled_parameters(model, layout)
+
+    names = [set(tuned), set(frozen), set(distilled)]
+    assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
+    every = {id(p) for p in model.parameters()}
+    assert {id(p) for group in (tuned, frozen, distilled) for p in group.values()} == every
+    assert all("lora_" in k or k.startswith(("classifier.", "score.")) for k in tuned)
+    assert {k.split(".")[0] for k in tuned if "lora_" not in k} <= {"classifier", "score"}
+    assert distilled and all(".1." in k or ".2." in k for k in distilled)
+
+
+def test_layer_drop_keys_use_the_original_layer_indices() -> None:
+    base, _ = load_encoder_classifier("tiny-bert-L4-H32", 2, device="cpu")
+    emulator = with_lora(truncate_layers(base, [0, 1, 3]), 4, 8, 0.0, 0)
+    layout = Layout(4, (0, 1, 3), (64, 64, 64))
+
+    keys = set(tuned_parameters(emulator, layout))
+
+    assert any(".layer.3." in k for k in keys) and not any(".layer.2." in k for k in keys)
+    full_keys = set(tuned_parameters(with_lora(base, 4, 8, 0.0, 0)))
+    assert keys < full_keys
