@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,9 +117,21 @@ def test_keeping_every_layer_reproduces_the_model() -> None:
 
 
 def test_truncate_names_an_unsupported_architecture() -> None:
-    encoder, _ = tiny_model("bert")
-    with pytest.raises(ValueError, match="'bert'"):
-        truncate_layers(encoder, [0])
+    class Seq2Seq(torch.nn.Module):
+        config = SimpleNamespace(model_type="t5")
+
+    with pytest.raises(ValueError, match="'t5'"):
+        truncate_layers(Seq2Seq(), [0])  # type: ignore[arg-type]
+
+
+def test_truncate_keeps_bert_layers_for_the_layer_drop_baseline() -> None:
+    encoder, _ = tiny_model("bert", num_layers=4)
+    batch = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+
+    student = truncate_layers(encoder, [0, 3])
+
+    assert student.config.num_hidden_layers == 2 and len(student.bert.encoder.layer) == 2
+    assert student(**batch).logits.shape == encoder(**batch).logits.shape
 
 
 @pytest.mark.parametrize("indices", [[], [2, 1], [0, 0], [0, 4]])
