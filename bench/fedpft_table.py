@@ -84,6 +84,7 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         out[key] = float(np.mean(list(values.values())))
         out[f"{key}_std"] = float(np.std(list(values.values())))
         out[f"{key}_by_seed"] = values
+    out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
     done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
     rounds = [r for r in read_rows(done) if r.get("round", 0) > 0]
     out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rounds])) / 1e6
@@ -95,6 +96,12 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         out["params"] = saved["params"]
         out["distill_seconds"] = [round(d["seconds"], 1) for d in saved["distillation"]]
     return out
+
+
+def one_class_on_two(accuracy: float, macro_f1: float) -> bool:
+    """Whether a 2-class model predicts one class only: its macro-F1 is then acc / (1 + acc) exactly
+    (F1 = 2 acc / (1 + acc) on the predicted class, 0 on the other)."""
+    return 0 < accuracy < 1 and abs(macro_f1 - accuracy / (1 + accuracy)) < 1e-9
 
 
 def _cell(result: dict[str, Any], key: str) -> str:
@@ -110,6 +117,8 @@ def _compare(
     a, b = results.get(f"{low}-{suffix}", {}), results.get(f"{high}-{suffix}", {})
     if "accuracy" not in a or "accuracy" not in b:
         return None
+    if a["constant"] and b["constant"]:
+        return f"- {suffix}: {LABELS[low]} vs {LABELS[high]}: not informative, both predict one class"
     holds = a["accuracy"] < b["accuracy"] if strict else a["accuracy"] <= b["accuracy"]
     seeds = sorted(set(a["accuracy_by_seed"]) & set(b["accuracy_by_seed"]))
     wins = sum(a["accuracy_by_seed"][s] < b["accuracy_by_seed"][s] for s in seeds)
@@ -147,7 +156,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
                 LABELS[row],
                 dataset,
                 part,
-                _cell(result, "accuracy"),
+                _cell(result, "accuracy") + (" (one class)" if result["constant"] else ""),
                 _cell(result, "macro_f1"),
                 _cell(result, "sub/accuracy"),
                 _params(result),
@@ -177,6 +186,8 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
             f"`{command}`",
             "",
             markdown_table(headers, rows),
+            "",
+            "(one class): every seed's model predicts one class of two (macro-F1 = acc / (1 + acc)).",
             "",
             "Ordering (expected: FedOT < FedPFT <= FedPETuning; each distillation step helps):",
             *ordering(results, suffixes),

@@ -24,3 +24,13 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     assert pft["seeds"] == 1 and pft["params"]["client_params"] < full["params"]["client_params"]
     assert pft["mb_down_per_round"] < full["mb_down_per_round"]
     fedpft_table.main([*argv, "--table-only"])
+
+
+def test_a_two_class_model_predicting_one_class_is_recognised() -> None:
+    from fedtune.data.classify import classification_metrics
+
+    constant = classification_metrics([1] * 50, [0] * 23 + [1] * 27, 2)
+    mixed = classification_metrics([0] * 20 + [1] * 30, [0] * 23 + [1] * 27, 2)
+
+    assert fedpft_table.one_class_on_two(constant["accuracy"], constant["macro_f1"])
+    assert not fedpft_table.one_class_on_two(mixed["accuracy"], mixed["macro_f1"])
