@@ -187,8 +187,14 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
             "",
             markdown_table(headers, rows),
             "",
-            "(one class): every seed's model predicts one class of two (macro-F1 = acc / (1 + acc)).",
-            "",
+            *(
+                [
+                    "(one class): every seed's model predicts one class of two (macro-F1 = acc / (1 + acc)).",
+                    "",
+                ]
+                if any(r.get("constant") for r in results.values())
+                else []
+            ),
             "Ordering (expected: FedOT < FedPFT <= FedPETuning; each distillation step helps):",
             *ordering(results, suffixes),
         ]
