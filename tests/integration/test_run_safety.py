@@ -82,6 +82,9 @@ def test_ctrl_c_exits_with_how_to_resume(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell starts background jobs with SIGINT ignored and children inherit that: give the run
+        # the disposition an interactive Ctrl-C meets, whoever started the tests.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 180
     # Any round's checkpoint: round 1's is pruned two rounds later (fed.keep_checkpoints), which a
