@@ -73,16 +73,17 @@ def class_id(record: Record, names: Sequence[str]) -> int:
         ) from None
 
 
+def encode_text(record: Record, tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[int]:
+    """Token ids of what is classified: one segment, or two for pair records; truncated to ``max_length``."""
+    second = record.input or None
+    return list(tokenizer(record.instruction, second, truncation=True, max_length=max_length)["input_ids"])
+
+
 def encode_classification(
     records: Sequence[Record], tokenizer: PreTrainedTokenizerBase, names: Sequence[str], max_length: int
 ) -> list[ClassExample]:
-    """Token ids (one segment, or two for pair records; truncated to ``max_length``) and class ids."""
-    examples = []
-    for rec in records:
-        second = rec.input or None
-        ids = tokenizer(rec.instruction, second, truncation=True, max_length=max_length)["input_ids"]
-        examples.append(ClassExample(list(ids), class_id(rec, names)))
-    return examples
+    """Token ids (`encode_text`) and class ids."""
+    return [ClassExample(encode_text(rec, tokenizer, max_length), class_id(rec, names)) for rec in records]
 
 
 def collate_classification(examples: Sequence[ClassExample], pad_token_id: int) -> Batch:

@@ -35,6 +35,7 @@ from fedtune.data.classify import (
     classification_batches,
     classification_loss,
     encode_classification,
+    encode_text,
 )
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
@@ -181,17 +182,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
             records = [
                 records[i] for i in sorted(rng.choice(len(records), section.public_examples, replace=False))
             ]
-        examples = [
-            ClassExample(
-                list(
-                    tokenizer(
-                        r.instruction, r.input or None, truncation=True, max_length=self.cfg.data.max_length
-                    )["input_ids"]
-                ),
-                0,
-            )
-            for r in records
-        ]
+        # Public records need no class: distillation reads only the texts.
+        max_length = self.cfg.data.max_length
+        examples = [ClassExample(encode_text(r, tokenizer, max_length), 0) for r in records]
         return classification_batches(
             examples, section.distill_batch_size, int(tokenizer.pad_token_id or 0), seed=self.cfg.seed
         )
