@@ -78,6 +78,25 @@ def test_hidden_mse_skips_embeddings_and_padding() -> None:
     assert hidden_mse(teacher, student, mask).item() == pytest.approx(2.5 + 4.5)
 
 
+def test_token_relative_divides_each_position_by_the_teachers_norm() -> None:
+    # Prepare: [B=1, T=3, H=2]; position 0 carries a huge teacher activation, position 2 is padding.
+    teacher = [
+        torch.zeros(1, 3, 2),
+        torch.tensor([[[1000.0, 0.0], [3.0, 4.0], [1.0, 1.0]]]),
+    ]
+    student = [
+        torch.zeros(1, 3, 2),
+        torch.tensor([[[900.0, 0.0], [3.0, 0.0], [50.0, 50.0]]]),
+    ]
+    mask = torch.tensor([[1, 1, 0]])
+    # Assert: position 0 (100^2) / 1000^2 = 0.01, position 1 4^2 / 5^2 = 0.64, averaged.
+    assert hidden_mse(teacher, student, mask, "token_relative").item() == pytest.approx((0.01 + 0.64) / 2)
+    # Plain MSE is the first position's: (10000 + 16) / 4.
+    assert hidden_mse(teacher, student, mask).item() == pytest.approx((10000 + 16) / 4)
+    with pytest.raises(ValueError, match="unknown hidden-state loss"):
+        hidden_mse(teacher, student, mask, "cosine")  # type: ignore[arg-type]
+
+
 def test_product_gap_and_its_gradient_match_the_closed_form() -> None:
     # Prepare: H = 2, full I = 3, sub I = 2.
     full = hand_ffn([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], [[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])

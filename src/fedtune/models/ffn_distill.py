@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -34,22 +34,37 @@ Batch = Mapping[str, Tensor]
 ApozCounts = dict[int, tuple[np.ndarray, int]]
 
 
-def hidden_mse(
-    teacher_hidden: Sequence[Tensor], student_hidden: Sequence[Tensor], attention_mask: Tensor
-) -> Tensor:
-    """Sum over layers ``i >= 1`` of the MSE between hidden states [B, T, H] at non-pad positions.
+HiddenLoss = Literal["mse", "token_relative"]
 
-    Index 0 (the embedding output of ``output_hidden_states``) is skipped; ``attention_mask`` [B, T];
-    the teacher's states are constants. Returns a scalar (fp32).
+
+def hidden_mse(
+    teacher_hidden: Sequence[Tensor],
+    student_hidden: Sequence[Tensor],
+    attention_mask: Tensor,
+    kind: HiddenLoss = "mse",
+) -> Tensor:
+    """Sum over layers ``i >= 1`` of the error between hidden states [B, T, H] at non-pad positions.
+
+    ``mse`` (eq. 13): the mean squared error over positions and features. ``token_relative``: each
+    position's squared error divided by the teacher's squared norm there, averaged over positions,
+    so that no position outweighs the others (decoders put activations thousands of times larger
+    than the rest on their first token). Index 0 (the embedding output of ``output_hidden_states``)
+    is skipped; ``attention_mask`` [B, T]; the teacher's states are constants. Returns a scalar (fp32).
     """
     if len(teacher_hidden) != len(student_hidden):
         raise ValueError(f"{len(teacher_hidden)} teacher hidden states, {len(student_hidden)} student ones")
-    mask = attention_mask.to(dtype=torch.float32, device=student_hidden[0].device).unsqueeze(-1)
-    count = mask.sum() * student_hidden[0].shape[-1]
+    if kind not in ("mse", "token_relative"):
+        raise ValueError(f"unknown hidden-state loss {kind!r}; use mse or token_relative")
+    mask = attention_mask.to(dtype=torch.float32, device=student_hidden[0].device)
     total = student_hidden[0].new_zeros((), dtype=torch.float32)
     for teacher, student in zip(teacher_hidden[1:], student_hidden[1:], strict=True):
-        error = student.float() - teacher.detach().float().to(student.device)
-        total = total + (error.pow(2) * mask).sum() / count
+        target = teacher.detach().float().to(student.device)
+        squared = (student.float() - target).pow(2).sum(-1)  # [B, T]
+        if kind == "mse":
+            total = total + (squared * mask).sum() / (mask.sum() * student.shape[-1])
+        else:
+            scale = target.pow(2).sum(-1).clamp_min(1e-12)
+            total = total + (squared / scale * mask).sum() / mask.sum()
     return total
 
 
@@ -77,12 +92,14 @@ def layer_distill_loss(
     full_ffns: Sequence[FFN],
     sub_ffns: Sequence[FFN],
     mu: float,
+    hidden_loss: HiddenLoss = "mse",
 ) -> tuple[Tensor, dict[str, float]]:
-    """Eq. 13: `hidden_mse` + ``mu`` * the sum of `ffn_product_gap` over layers (skipped when mu == 0).
+    """Eq. 13: `hidden_mse` (of kind ``hidden_loss``) + ``mu`` * the sum of `ffn_product_gap` over
+    layers (skipped when mu == 0).
 
     Returns the scalar loss and its parts as floats (``loss``, ``hidden_mse``, ``product_gap``).
     """
-    mse = hidden_mse(teacher_hidden, student_hidden, attention_mask)
+    mse = hidden_mse(teacher_hidden, student_hidden, attention_mask, hidden_loss)
     loss = mse
     parts = {"hidden_mse": float(mse.detach()), "product_gap": 0.0}
     if mu != 0.0:
@@ -225,12 +242,13 @@ def _distill_step(
     batch: Batch,
     mu: float,
     ffns: tuple[list[FFN], list[FFN]],
+    hidden_loss: HiddenLoss,
 ) -> float:
     with torch.no_grad():
         teacher_hidden = _hidden_states(teacher, batch)
     student_hidden = _hidden_states(student, batch)
     mask = batch["attention_mask"].to(student_hidden[0].device)
-    loss, parts = layer_distill_loss(teacher_hidden, student_hidden, mask, ffns[0], ffns[1], mu)
+    loss, parts = layer_distill_loss(teacher_hidden, student_hidden, mask, ffns[0], ffns[1], mu, hidden_loss)
     loss.backward()
     return parts["loss"]
 
@@ -246,6 +264,7 @@ def distill_ffns(
     grad_masks: Mapping[str, Tensor] | None = None,
     clip_norm: float = 1.0,
     optimizer: str = "adamw",
+    hidden_loss: HiddenLoss = "mse",
 ) -> DistillStats:
     """Train only the student's FFN parameters for ``steps`` steps (cycling ``batches``) on eq. 13.
 
@@ -270,7 +289,8 @@ def distill_ffns(
         student.eval()
         opt = _optimizer(optimizer, list(params.values()), lr)
         for step in range(steps):
-            losses.append(_distill_step(teacher, student, batches[step % len(batches)], mu, ffns))
+            batch = batches[step % len(batches)]
+            losses.append(_distill_step(teacher, student, batch, mu, ffns, hidden_loss))
             _mask_and_clip(params, grad_masks, clip_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -215,6 +215,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
             lr=self.section.distill_lr,
             mu=self.section.mu,
             grad_masks=masks,
+            hidden_loss=self.section.hidden_loss,
         )
         self.distill_log.append(
             {

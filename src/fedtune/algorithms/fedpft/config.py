@@ -32,6 +32,9 @@ class FedPFTConfig(AlgorithmConfig):
     distill_lr: float = Field(1e-4, gt=0)
     distill_batch_size: int = Field(8, ge=1)
     mu: float = Field(0.0, ge=0)
+    # ``mse``: eq. 13's hidden-state MSE; ``token_relative``: each position's error relative to the
+    # full model's norm there (for decoders, whose first token carries huge activations).
+    hidden_loss: Literal["mse", "token_relative"] = "mse"
     public_dataset: str | None = None
     public_examples: int | None = Field(512, ge=1)
     # Neuron-level distillation (eq. 14) every ``neuron_every`` rounds (0: never).
