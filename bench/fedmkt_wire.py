@@ -5,7 +5,8 @@ Knowledge = per-sample loss + top-k logits of every response token of the public
 the real models (SmolLM2-135M-Instruct uploads, Qwen2.5-Coder-0.5B-Instruct broadcasts). Encodings:
 - ``fate``: the yardstick, top-k values as fp32 and ids as int64 in Python lists (pickled);
 - ``fedtune``: what fedtune sends (``fedmkt.wire``: fp16 values, narrowest unsigned ids, no offsets);
-- ``fedtune+zlib``: the same with ``fedmkt.compress`` (the default): ids and values deflated, level 6.
+- ``fedtune+zlib``: the same with ``fedmkt.compress`` (the default): ids as byte planes, values as
+  byte planes of their row differences, each deflated (level 6; lossless, ``fedmkt.wire``).
 Server time: unpacking one client's upload and aligning it to the LLM's tokens (vocabulary map and
 sequence alignments computed in the first round, cached after: both are shown).
 

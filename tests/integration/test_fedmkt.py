@@ -107,7 +107,7 @@ def test_compressed_traffic_carries_the_same_knowledge_in_fewer_bytes(tmp_path: 
     uploads = [p for direction, _, task, p in seen if direction == "up" and task == "fit"]
     assert all(
         {k for k, v in p.items() if isinstance(v, np.ndarray)}
-        == {"public/loss", "public/ids.z", "public/values.z"}
+        == {"public/loss", "public/ids.planes.z", "public/values.planes.z"}
         for p in uploads
     )
     assert packed[-1]["bytes_up"] < plain[-1]["bytes_up"]

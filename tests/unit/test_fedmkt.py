@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -17,11 +18,16 @@ from fedtune.algorithms.fedmkt.maths import (
     soft_target_ce,
 )
 from fedtune.algorithms.fedmkt.wire import (
+    DEFLATED,
     Knowledge,
+    byte_planes,
     decode_ids,
     encode_ids,
+    from_byte_planes,
+    from_row_deltas,
     id_bytes,
     knowledge_spec,
+    row_deltas,
     unpack_knowledge,
 )
 from fedtune.data.records import Record
@@ -182,24 +188,82 @@ def test_compressed_knowledge_round_trips_exactly_and_is_smaller() -> None:
     packed = knowledge.pack("p/", 5000, compress=True)
     validate_reply(packed, ReplySpec(knowledge_spec("p/", counts, 16, 5000, compress=True), allow_extra=True))
 
-    assert set(packed) == {"p/loss", "p/ids.z", "p/values.z"}
+    assert set(packed) == {"p/loss", "p/ids.planes.z", "p/values.planes.z"}
     assert sum(v.nbytes for v in packed.values()) < sum(v.nbytes for v in plain.values())
     a, b = unpack_knowledge(plain, "p/", counts, 5000, 16), unpack_knowledge(packed, "p/", counts, 5000, 16)
     assert all(np.array_equal(x, y) for x, y in zip(a.ids, b.ids, strict=True))
     assert all(np.array_equal(x, y) for x, y in zip(a.values, b.values, strict=True))
 
 
-def test_deflated_top_k_of_another_size_or_not_deflated_is_rejected_without_inflating_it() -> None:
-    import zlib
+def test_byte_planes_put_the_nth_byte_of_every_element_together_least_significant_first() -> None:
+    words = np.array([0x0102, 0x0304, 0x0506], dtype=np.uint16)
+    three = encode_ids(np.array([[0x030201, 0x060504]]), 1 << 20)  # [1, 2, 3] uint8
 
+    assert byte_planes(words, 2).tolist() == [0x02, 0x04, 0x06, 0x01, 0x03, 0x05]
+    assert byte_planes(three, 3).tolist() == [0x01, 0x04, 0x02, 0x05, 0x03, 0x06]
+    assert from_byte_planes(byte_planes(words, 2), 2).tolist() == [[2, 1], [4, 3], [6, 5]]
+
+
+@pytest.mark.parametrize("vocab", [256, 49152, 151936, (1 << 24) + 1])
+def test_byte_planes_round_trip_ids_of_every_width(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    encoded = encode_ids(rng.integers(0, vocab, size=(7, 5)), vocab)
+    width = id_bytes(vocab)
+
+    planes = byte_planes(encoded, width)
+    back = from_byte_planes(planes, width)
+
+    assert planes.dtype == np.uint8 and planes.shape == (encoded.nbytes,)
+    assert np.array_equal(back.view(encoded.dtype.newbyteorder("<")).reshape(encoded.shape), encoded)
+
+
+def test_row_deltas_of_fp16_bit_patterns_round_trip_every_value_exactly() -> None:
+    rng = np.random.default_rng(2)
+    special = [65504.0, -65504.0, 0.0, -0.0, 6e-8, -6e-8, 1.0, -1.0]
+    values = np.concatenate([np.sort(rng.normal(0, 5, size=(6, 8)), axis=1)[:, ::-1], [special]]).astype(
+        np.float16
+    )
+    bits = values.view(np.uint16)
+
+    deltas = row_deltas(bits)
+    back = from_row_deltas(deltas)
+
+    assert deltas.dtype == np.uint16 and np.array_equal(deltas[:, 0], bits[:, 0])
+    assert int(deltas[0, 1]) == (int(bits[0, 1]) - int(bits[0, 0])) % (1 << 16)
+    assert np.array_equal(back.view(np.uint16), bits)  # bit-identical, -0.0 included
+
+
+def test_deflated_top_k_is_smaller_than_plain_deflate_of_the_same_arrays() -> None:
+    # A 152k-token vocabulary (3-byte ids) whose frequent tokens have low ids, as BPE vocabularies
+    # do, and descending logits per row: what an LLM broadcasts.
+    rng = np.random.default_rng(0)
+    vocab, counts, k = 151936, [120, 180], 16
+    weights = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    ids = rng.choice(vocab, size=(sum(counts), k), p=weights / weights.sum())
+    top = rng.normal(18, 3, size=(sum(counts), 1))
+    values = (top - np.cumsum(rng.exponential(0.6, size=(sum(counts), k)), axis=1)).astype(np.float32)
+    knowledge = Knowledge(np.ones(2, np.float32), [ids[:120], ids[120:]], [values[:120], values[120:]])
+
+    plain = knowledge.pack("p/", vocab)
+    packed = knowledge.pack("p/", vocab, compress=True)
+    back = unpack_knowledge(packed, "p/", counts, vocab, k)
+
+    deflated = sum(len(zlib.compress(plain[f"p/{n}"].tobytes(), 6)) for n in ("ids", "values"))
+    filtered = packed["p/ids" + DEFLATED].nbytes + packed["p/values" + DEFLATED].nbytes
+    assert filtered < 0.85 * deflated
+    assert np.array_equal(np.concatenate(back.ids), ids)
+    assert np.array_equal(np.concatenate(back.values), values.astype(np.float16).astype(np.float32))
+
+
+def test_deflated_top_k_of_another_size_or_not_deflated_is_rejected_without_inflating_it() -> None:
     knowledge = Knowledge(
         np.zeros(1, np.float32), [np.zeros((2, 2), np.int64)], [np.zeros((2, 2), np.float32)]
     )
     payload = knowledge.pack("p/", 300, compress=True)
-    bomb = dict(payload, **{"p/ids.z": np.frombuffer(zlib.compress(bytes(10**7)), np.uint8)})
+    bomb = dict(payload, **{"p/ids.planes.z": np.frombuffer(zlib.compress(bytes(10**7)), np.uint8)})
     with pytest.raises(ValueError, match="inflates to other than the 8 bytes"):
         unpack_knowledge(bomb, "p/", [2], 300, 2)
-    garbage = dict(payload, **{"p/values.z": np.arange(9, dtype=np.uint8)})
+    garbage = dict(payload, **{"p/values.planes.z": np.arange(9, dtype=np.uint8)})
     with pytest.raises(ValueError, match="not deflated data"):
         unpack_knowledge(garbage, "p/", [2], 300, 2)
     with pytest.raises(ValueError, match="unexpected arrays: p/extra"):

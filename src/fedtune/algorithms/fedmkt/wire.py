@@ -7,16 +7,26 @@ fp16 logits, T the total number of response tokens. No offsets travel: the recei
 public set with the sender's tokenizer and knows each sample's T_i. Nothing of a client's private
 data (text, tokens, losses) is ever in it.
 
-With ``compress`` the ids and values travel deflated (zlib level 6) as ``ids.z`` / ``values.z``
-bytes (uint8): about 0.6x the bytes. The receiver inflates them no further than the size it
-expects, so a malformed reply cannot blow up its memory, and checks shape, finiteness and ids.
+With ``compress`` the ids and values travel as ``ids.planes.z`` / ``values.planes.z`` bytes
+(uint8), each filtered losslessly and then deflated (zlib level 6, strategy ``Z_FILTERED``):
+- ids: byte planes (as blosc's shuffle): the first (least significant) byte of every id in [T, k]
+  order, then every second byte, ...: the high bytes of a BPE vocabulary's ids, whose frequent
+  tokens have low ids, are then long runs of few values;
+- values: the fp16 bit patterns as uint16, each row's entries after the first replaced by their
+  difference to the previous one (mod 2^16; rows are sorted, so the differences are small),
+  transposed to [k, T] (the j-th differences of all tokens together), then byte planes.
+Every value arrives bit-identical. On the top-k of ``bench/fedmkt_wire.py`` (SmolLM2 and Qwen2.5,
+k 16 and 128) that is 0.5-0.6x the bytes of the plain arrays and 17-23% fewer than deflating them
+as they are (byte planes alone: 8-13%; transposing without the differences made values larger).
+The receiver inflates them no further than the size it expects, so a malformed reply cannot blow
+up its memory, and checks shape, finiteness and ids.
 """
 
 from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +35,7 @@ from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ArraySpec
 
 LOSS, IDS, VALUES = "loss", "ids", "values"
-DEFLATED = ".z"
+DEFLATED = ".planes.z"
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -60,6 +70,45 @@ def decode_ids(encoded: np.ndarray) -> np.ndarray:
     return encoded.astype(np.int64)
 
 
+def byte_planes(array: np.ndarray, width: int) -> np.ndarray:
+    """``array``'s elements of ``width`` little-endian bytes, laid out plane by plane: byte 0 of
+    every element, then byte 1, ... (1-d uint8). The 3-byte id layout is [..., 3] uint8, width 3."""
+    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(little.reshape(-1).view(np.uint8).reshape(-1, width).T).reshape(-1)
+
+
+def from_byte_planes(planes: np.ndarray, width: int) -> np.ndarray:
+    """The inverse of ``byte_planes``: [n, width] uint8, each row one element's little-endian bytes."""
+    return np.ascontiguousarray(planes.reshape(width, -1).T)
+
+
+def row_deltas(bits: np.ndarray) -> np.ndarray:
+    """[T, k] uint16: each row's first entry, then each entry minus the one before it (mod 2^16)."""
+    deltas = bits.copy()
+    deltas[:, 1:] -= bits[:, :-1]
+    return deltas
+
+
+def from_row_deltas(deltas: np.ndarray) -> np.ndarray:
+    """The inverse of ``row_deltas``: running sums along each row, mod 2^16."""
+    return np.cumsum(deltas, axis=1, dtype=np.uint16)
+
+
+def _deflate(planes: np.ndarray) -> np.ndarray:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 15, 8, zlib.Z_FILTERED)
+    return np.frombuffer(compressor.compress(planes.tobytes()) + compressor.flush(), np.uint8)
+
+
+def _filter_values(values: np.ndarray) -> np.ndarray:
+    """[T, k] fp16 -> the byte planes of its transposed row differences (``values.planes.z``)."""
+    return byte_planes(row_deltas(values.astype("<f2").view("<u2")).T, 2)
+
+
+def _unfilter_values(planes: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    deltas = from_byte_planes(planes, 2).view("<u2").reshape(shape[::-1]).T
+    return from_row_deltas(deltas.astype(np.uint16)).view(np.float16)
+
+
 @dataclass(frozen=True)
 class Knowledge:
     """A model's knowledge of the public set: ``losses`` [N]; per sample ``ids``/``values`` [T_i, k]."""
@@ -72,11 +121,11 @@ class Knowledge:
         ids = encode_ids(np.concatenate(self.ids), vocab_size)
         values = np.clip(np.concatenate(self.values), -_FP16_MAX, _FP16_MAX).astype(np.float16)
         payload: Payload = {prefix + LOSS: self.losses.astype(np.float32)}
-        for name, array in ((IDS, ids), (VALUES, values)):
-            if compress:
-                payload[prefix + name + DEFLATED] = np.frombuffer(zlib.compress(array.tobytes(), 6), np.uint8)
-            else:
-                payload[prefix + name] = array
+        if compress:
+            payload[prefix + IDS + DEFLATED] = _deflate(byte_planes(ids, id_bytes(vocab_size)))
+            payload[prefix + VALUES + DEFLATED] = _deflate(_filter_values(values))
+        else:
+            payload[prefix + IDS], payload[prefix + VALUES] = ids, values
         return payload
 
 
@@ -97,8 +146,15 @@ def knowledge_spec(
     }
 
 
-def _field(payload: Payload, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """``key``'s array, inflated from ``key + DEFLATED`` when it travelled compressed."""
+def _field(
+    payload: Payload,
+    key: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    unfilter: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """``key``'s array; when it travelled compressed, ``key + DEFLATED`` inflated (to the bytes of
+    ``shape`` in ``dtype``, no further) and given as uint8 to ``unfilter``."""
     if key + DEFLATED not in payload:
         if key not in payload:
             raise ValueError(f"missing '{key}'")
@@ -114,7 +170,7 @@ def _field(payload: Payload, key: str, dtype: np.dtype, shape: tuple[int, ...]) 
         raise ValueError(f"'{key + DEFLATED}' is not deflated data: {exc}") from None
     if len(raw) != expected or not inflater.eof:
         raise ValueError(f"'{key + DEFLATED}' inflates to other than the {expected} bytes expected")
-    return np.frombuffer(raw, dtype).reshape(shape)
+    return unfilter(np.frombuffer(raw, np.uint8))
 
 
 def unpack_knowledge(
@@ -128,13 +184,27 @@ def unpack_knowledge(
     losses = np.asarray(payload[prefix + LOSS], dtype=np.float32)
     shape = (int(sum(counts)), top_k)
     ids_dtype, ids_shape = id_layout(vocab_size, shape)
-    encoded = _field(payload, prefix + IDS, ids_dtype, ids_shape)
+    width = id_bytes(vocab_size)
+    encoded = _field(
+        payload,
+        prefix + IDS,
+        ids_dtype,
+        ids_shape,
+        lambda planes: (
+            from_byte_planes(planes, width)
+            .view(ids_dtype.newbyteorder("<"))
+            .astype(ids_dtype, copy=False)
+            .reshape(ids_shape)
+        ),
+    )
     if encoded.shape != ids_shape or encoded.dtype != ids_dtype:
         raise ValueError(
             f"'{prefix + IDS}' is {encoded.dtype} {encoded.shape}, expected {ids_dtype} {ids_shape}"
         )
     ids = decode_ids(encoded)
-    values = _field(payload, prefix + VALUES, np.dtype(np.float16), shape).astype(np.float32)
+    values = _field(
+        payload, prefix + VALUES, np.dtype(np.float16), shape, lambda planes: _unfilter_values(planes, shape)
+    ).astype(np.float32)
     if ids.shape != shape or values.shape != shape:
         raise ValueError(f"'{prefix}' top-k of shape {ids.shape} / {values.shape}, expected {shape}")
     if not np.all(np.isfinite(values)):
