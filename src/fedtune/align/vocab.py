@@ -11,14 +11,21 @@ order of ``tokenizer.get_vocab()`` (a dict's order, not specified); it maps toke
 tokens are looked up by their text and ids sharing one string collapse; here the map is over ids.
 
 Speed: `brute_force_vocab_map` is what FATE-LLM does (for each source token, a Python loop of an
-edit distance call over the whole target vocabulary). `vocab_map` gives the same answer by
-(1) exact matches through a dict; (2) for the rest, in blocks of sources of one length L with the
-same number u of characters that occur in no target string, targets bucketed by length Lt and
-searched in increasing lower bound ``max(L, Lt) - min(L - u, Lt)`` (at most that many characters
-can be kept), each bucket in one C call (``rapidfuzz.process.cdist``, cut off at the block's worst
-best distance), a source leaving the search once the bound exceeds its best distance (a bucket at
-exactly that bound is still searched: it may hold a tie that sorts first). A source with u = L
-shares no character with any target: its distance to a bucket is the bound itself, no call needed.
+edit distance call over the whole target vocabulary). `vocab_map` gives the same answer through a
+compiled (numba) index of the target vocabulary, built in each call (`fedtune.align.vocab_index`
+has the details and why nothing is missed): targets are numbered in tie-rule order (a sort on their
+first three code points, then the runs of equal keys three code points at a time), so a tie is
+settled by comparing two integers; per character feature ("at least j copies of c") a list of the
+targets having it, by length then in that order, with a 64-bit signature of each one's characters.
+A source is first looked up exactly (binary search in one list). Otherwise rounds k = 1, 2, ... read
+only the lists that a prefix filter needs (a target within distance k has one of the source's k + 1
+rarest features, at a length within k), pass over what a lower bound (the signature, then the
+multiset of characters) puts above the best distance so far, keep for a later round what it puts
+above k, and verify the rest with a bit-parallel edit distance; the search ends once the best
+distance is at most k. A list read in the last round stops at the first target ranked after the best
+(ties cost a few verifications, not thousands), and the targets sharing no character with the
+source (distance ``max(L, len(t))``) are settled by one verification up front. ``workers`` threads
+share the sources of a large call.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
 from fedtune.align.tokens import vocabulary_strings
+from fedtune.align.vocab_index import TargetIndex
 
 FORMAT_VERSION = 1
 """Bump when the rule or the file layout changes: old cache files are then simply not found."""
-_SOURCE_BLOCK = 256
+_PROGRESS_EVERY = 32768
 
 
 def usable_cpus() -> int:
@@ -56,133 +64,20 @@ def default_align_cache_dir() -> Path:
     return default_cache_dir() / "align"
 
 
-def _tie_order(target_strings: Sequence[str]) -> list[int]:
-    """Target ids in tie-rule order: by string, equal strings by id (the sort is stable)."""
-    return sorted(range(len(target_strings)), key=target_strings.__getitem__)
-
-
-def _ranks(order: list[int]) -> np.ndarray:
-    """The position of every target id in tie-rule order: the tie rule as one integer."""
-    ranks = np.empty(len(order), dtype=np.int64)
-    ranks[order] = np.arange(len(order))
-    return ranks
-
-
-def _exact_matches(target_strings: Sequence[str]) -> dict[str, int]:
-    first: dict[str, int] = {}
-    for index, text in enumerate(target_strings):
-        first.setdefault(text, index)
-    return first
-
-
-@dataclass(frozen=True)
-class _Bucket:
-    """The targets of one string length, in tie-rule order."""
-
-    ids: np.ndarray
-    strings: list[str]
-
-
-def _length_buckets(target_strings: Sequence[str], order: list[int]) -> dict[int, _Bucket]:
-    ordered = np.asarray(order, dtype=np.int64)
-    lengths = np.fromiter(map(len, target_strings), dtype=np.int64, count=len(target_strings))[ordered]
-    by_length = np.argsort(lengths, kind="stable")  # stays in tie-rule order within a length
-    sizes, starts = np.unique(lengths[by_length], return_index=True)
-    buckets = {}
-    for size, ids in zip(sizes.tolist(), np.split(ordered[by_length], starts[1:]), strict=True):
-        buckets[size] = _Bucket(ids, [target_strings[i] for i in ids.tolist()])
-    return buckets
-
-
-def _distance_bound(length: int, aliens: int, target_length: int) -> int:
-    """A lower bound on the edit distance from a string of ``length`` characters, ``aliens`` of which
-    occur in no target string, to any target of ``target_length``: at most ``min(length - aliens,
-    target_length)`` characters can be kept, every other character of the longer side costs one edit."""
-    return max(length, target_length) - min(length - aliens, target_length)
-
-
-def _search_block(
-    sources: list[str],
-    length: int,
-    aliens: int,
-    buckets: dict[int, _Bucket],
-    ranks: np.ndarray,
-    workers: int,
-) -> np.ndarray:
-    """Nearest targets of ``sources`` (each of ``length`` characters, ``aliens`` of them in no target),
-    by the tie rule: buckets in increasing lower bound, until the bound passes every best distance."""
-    unset = np.iinfo(np.int64).max
-    best_distance = np.full(len(sources), unset, dtype=np.int64)
-    best_rank = np.full(len(sources), unset, dtype=np.int64)
-    best_id = np.full(len(sources), -1, dtype=np.int64)
-    plan = sorted((_distance_bound(length, aliens, size), size) for size in buckets)
-    for bound, size in plan:
-        active = np.flatnonzero(best_distance >= bound)
-        if active.size == 0:
-            break
-        bucket = buckets[size]
-        if aliens == length:
-            # Nothing in common with any target: the distance is the bound itself for the whole
-            # bucket, and its first string wins the tie.
-            column = np.zeros(active.size, dtype=np.int64)
-            found = np.full(active.size, bound, dtype=np.int64)
-        else:
-            cutoff = int(best_distance[active].max())
-            distances = process.cdist(
-                [sources[i] for i in active],
-                bucket.strings,
-                scorer=Levenshtein.distance,
-                dtype=np.int32,
-                workers=workers,
-                score_cutoff=None if cutoff == unset else cutoff,
-            )
-            # The bucket is in tie-rule order: argmin's first minimum is the winner of its ties.
-            column = distances.argmin(axis=1)
-            found = distances[np.arange(active.size), column].astype(np.int64)
-        found_rank = ranks[bucket.ids[column]]
-        better = (found < best_distance[active]) | (
-            (found == best_distance[active]) & (found_rank < best_rank[active])
-        )
-        winners = active[better]
-        best_distance[winners] = found[better]
-        best_rank[winners] = found_rank[better]
-        best_id[winners] = bucket.ids[column[better]]
-    return best_id
-
-
 def nearest_targets(
     source_strings: Sequence[str], target_strings: Sequence[str], *, workers: int = 1, progress: bool = False
 ) -> np.ndarray:
     """For each source string, the target id of minimum edit distance by the module's tie rule [S]."""
-    if not target_strings:
-        raise ValueError("the target vocabulary is empty")
-    result = np.full(len(source_strings), -1, dtype=np.int64)
-    exact = _exact_matches(target_strings)
-    alphabet = set("".join(target_strings))
-    groups: dict[tuple[int, int], list[int]] = {}
-    for index, text in enumerate(source_strings):
-        if text in exact:
-            result[index] = exact[text]
-        else:
-            aliens = sum(char not in alphabet for char in text)
-            groups.setdefault((len(text), aliens), []).append(index)
-    order = _tie_order(target_strings)
-    ranks = _ranks(order)
-    buckets = _length_buckets(target_strings, order)
-    blocks = [
-        (key, indices[start : start + _SOURCE_BLOCK])
-        for key, indices in sorted(groups.items())
-        for start in range(0, len(indices), _SOURCE_BLOCK)
-    ]
+    index = TargetIndex.build(target_strings)  # ValueError on an empty target vocabulary
+    if not progress:
+        return index.nearest(source_strings, workers=workers)
+    result = np.empty(len(source_strings), dtype=np.int64)
     started = time.perf_counter()
-    for done, ((length, aliens), indices) in enumerate(blocks, 1):
-        sources = [source_strings[i] for i in indices]
-        result[indices] = _search_block(sources, length, aliens, buckets, ranks, workers)
-        if progress and (done % 50 == 0 or done == len(blocks)):
-            seconds = time.perf_counter() - started
-            print(
-                f"vocab map: {done}/{len(blocks)} blocks of inexact tokens, {seconds:.0f} s", file=sys.stderr
-            )
+    for start in range(0, len(source_strings), _PROGRESS_EVERY):
+        stop = min(start + _PROGRESS_EVERY, len(source_strings))
+        result[start:stop] = index.nearest(source_strings[start:stop], workers=workers)
+        seconds = time.perf_counter() - started
+        print(f"vocab map: {stop}/{len(source_strings)} source tokens, {seconds:.0f} s", file=sys.stderr)
     return result
 
 
