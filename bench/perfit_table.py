@@ -11,7 +11,9 @@ Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s
 - ``perfit_s0.33`` / ``perfit_s0.5``: PerFIT searching in rank r / (1 - s);
 - ``perfit_hetero``: heterogeneous resources, a third of the clients each at rank 8 / 12 / 16 in a
   common expanded rank 16 (FIT must use the weakest client's rank 8 everywhere: the ``fit`` row);
-- ``perfit_second`` / ``perfit_mixed``: the importance variants (s = 0.5), an ablation.
+- ``perfit_second`` / ``perfit_mixed``: the importance variants (s = 0.5), an ablation;
+- ``perfit_s0.5_alpha``: s = 0.5 with ``lora.alpha`` 16 = r_e, so that PerFIT's LoRA scaling
+  alpha / r_e is 1, as FIT's alpha / r (the paper keeps alpha = r = 8, a scaling of 0.5 at r_e 16).
 The table gives the final personalised perplexity (mean over clients, then mean ± std over seeds),
 its example-weighted variant, MB up and down per round, and checks PerFIT < FIT. A plot of the
 masks of one PerFIT run (kept share per layer and module, overlap between clients) goes beside it.
@@ -42,6 +44,7 @@ ROWS: dict[str, list[str]] = {
     "perfit_hetero": ["perfit.sparsity=0.5", "perfit.budgets=[8,12,16]"],
     "perfit_second": ["perfit.sparsity=0.5", "perfit.importance=second"],
     "perfit_mixed": ["perfit.sparsity=0.5", "perfit.importance=mixed"],
+    "perfit_s0.5_alpha": ["perfit.sparsity=0.5", "lora.alpha=16"],
 }
 LABELS = {
     "fit": "FIT (FedIT, rank r)",
@@ -50,6 +53,7 @@ LABELS = {
     "perfit_hetero": "PerFIT, ranks 8/12/16",
     "perfit_second": "PerFIT s = 0.5, 2nd-order importance",
     "perfit_mixed": "PerFIT s = 0.5, mixed importance",
+    "perfit_s0.5_alpha": "PerFIT s = 0.5, alpha = r_e = 16 (LoRA scaling 1, as FIT's)",
 }
 PARTITIONS: dict[str, list[str]] = {
     "pathological": ["data.partition.scheme=pathological"],
