@@ -8,6 +8,8 @@
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s<seed>``):
 - ``fit``: FIT = FedIT with the budget rank r on the same modules (the same trainable count),
   evaluated the same way (each client on its own held-out split, the global adapter);
+- ``standalone``: every client trains its own rank-r LoRA on its own data only, when sampled (the
+  same sampling as the federated rows), nothing is aggregated: personalisation without federation;
 - ``perfit_s0.33`` / ``perfit_s0.5``: PerFIT searching in rank r / (1 - s);
 - ``perfit_hetero``: heterogeneous resources, a third of the clients each at rank 8 / 12 / 16 in a
   common expanded rank 16 (FIT must use the weakest client's rank 8 everywhere: the ``fit`` row);
@@ -39,6 +41,7 @@ from bench.common import markdown_table, table_parser, write_table
 
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
+    "standalone": ["algorithm=fedit", "perfit=null", "fed.mode=standalone"],
     "perfit_s0.33": ["perfit.sparsity=0.33"],
     "perfit_s0.5": ["perfit.sparsity=0.5"],
     "perfit_hetero": ["perfit.sparsity=0.5", "perfit.budgets=[8,12,16]"],
@@ -48,6 +51,7 @@ ROWS: dict[str, list[str]] = {
 }
 LABELS = {
     "fit": "FIT (FedIT, rank r)",
+    "standalone": "Standalone (rank r, own data only)",
     "perfit_s0.33": "PerFIT s = 0.33",
     "perfit_s0.5": "PerFIT s = 0.5",
     "perfit_hetero": "PerFIT, ranks 8/12/16",

@@ -143,6 +143,29 @@ def test_client_state_survives_rounds_and_restarts(deployment: LocalDeployment, 
         assert set(state) == {"adapter"} and all(np.isfinite(v).all() for v in state["adapter"].values())
 
 
+def test_perfit_masks_and_values_survive_supernode_restarts(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    # PerFIT's masks are searched once (round 1); after both client machines restart, round 2 must
+    # train the same sparse LoRA from the mask and values on the clients' disks, not search again.
+    expected = quiet_runner(tiny_config("perfit", *TWO_CLIENTS), tmp_path / "sim").run()
+    run_dir = tmp_path / "flower"
+    flower_run(deployment, tiny_config("perfit", *TWO_CLIENTS, "fed.rounds=1"), run_dir)
+    restart_node(deployment, 0)
+    restart_node(deployment, 1)
+    history = flower_run(deployment, tiny_config("perfit", *TWO_CLIENTS), run_dir, resume=True)
+    assert [row["round"] for row in history] == [0, 1, 2]
+    assert_close(stable(history), stable(expected))
+    server = load_checkpoint(latest_checkpoint(run_dir))["algorithm"]["masks"]
+    for client in ("c00", "c01"):
+        saved = run_dir / "clients" / client / "flower_state" / "checkpoints"
+        state = load_checkpoint(saved / "round_0002")["state"]
+        assert set(state) == {"mask", "values"}
+        for key, bits in state["mask"].items():  # the client trains under the mask the server holds
+            assert np.array_equal(bits, server[client][key])
+        assert all(np.isfinite(v).all() for v in state["values"].values())
+
+
 def test_fedbiot_on_flower_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
     # FedBiOT's clients live in other processes here: they rebuild the emulator from the sent
     # architecture and keep what they were sent on their own disk (fedbiot.client_cache: auto).
