@@ -64,6 +64,7 @@ PARTITIONS: dict[str, list[str]] = {
     "dirichlet": ["data.partition.scheme=dirichlet", "data.partition.alpha=0.5"],
 }
 METRIC = "personal/perplexity"
+ROUGE = "personal/rougeL"  # in runs whose eval.metrics hold rougeL (greedy answers to held-out prompts)
 
 
 def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
@@ -109,8 +110,10 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": len(finals)}
     if not finals:
         return out
-    for key in (METRIC, f"{METRIC}_weighted"):
-        values = {seed: row["eval"][key] for seed, row in finals.items()}
+    for key in (METRIC, f"{METRIC}_weighted", ROUGE):
+        values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
+        if not values:
+            continue
         out[key] = float(np.mean(list(values.values())))
         out[f"{key}_std"] = float(np.std(list(values.values())))
         out[f"{key}_by_seed"] = values
@@ -126,11 +129,13 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     return out
 
 
-def _cell(result: dict[str, Any], key: str) -> str:
+def _cell(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
     if key not in result:
         return "-"
-    text = f"{result[key]:.2f}"
-    return text + (f" ± {result[key + '_std']:.2f}" if result["seeds"] > 1 else "")
+    text = f"{scale * result[key]:.2f}"
+    seeds = len(result[f"{key}_by_seed"])
+    text += f" ± {scale * result[key + '_std']:.2f}" if seeds > 1 else ""
+    return text + (f" ({seeds} of {result['seeds']} seeds)" if seeds < result["seeds"] else "")
 
 
 def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[str]:
@@ -164,6 +169,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
                 f"{result.get('before', float('nan')):.2f}",
                 _cell(result, METRIC),
                 _cell(result, f"{METRIC}_weighted"),
+                _cell(result, ROUGE, 100.0),
                 f"{result['mb_up_per_round']:.2f}",
                 f"{result['mb_down_per_round']:.2f}",
                 str(result["seeds"]),
@@ -175,6 +181,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
         "ppl before",
         "personal ppl",
         "weighted",
+        "personal Rouge-L x 100",
         "MB up/round",
         "MB down/round",
         "seeds",
@@ -183,7 +190,8 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
         [
             f"# {cfg.name}: personalised perplexity (lower is better)",
             "",
-            "Each client's own model on its own held-out split, averaged over clients.",
+            "Each client's own model on its own held-out split, averaged over clients (Rouge-L: greedy"
+            " answers, '-' where the runs did not score it).",
             "",
             f"`{command}`",
             "",
