@@ -160,3 +160,14 @@ def test_p11_smoke_measures_three_client_models(tmp_path: Path) -> None:
             assert numbers["peak_rss_mb"] >= numbers["baseline_rss_mb"] > 0
         server = entry["server"]
         assert _positive(server["layer_distill_s"]) and _positive(server["neuron_distill_s"])
+
+
+def test_perfit_memory_smoke_counts_every_clients_state(tmp_path: Path) -> None:
+    config = BENCH.parent / "configs" / "test" / "perfit-tiny.yaml"
+    _load("perfit_memory").main([str(config), "--clients", "4", "--results-dir", str(tmp_path)])
+    results = json.loads((tmp_path / "memory-perfit-tiny.json").read_text())["results"]
+    assert results["fit"]["clients_holding"] == 0 and results["perfit"]["clients_holding"] == 4
+    # the state of a client is its packed mask (r_e entries, 1 bit each) + rank-r values (fp32)
+    assert 0 < results["perfit"]["client_state_mb"] < results["budget"]["dense_adapter_mb"]
+    assert _positive(results["perfit"]["peak_rss_mb"]) and _positive(results["budget"]["budget_mb"])
+    assert "P4 budget" in (tmp_path / "memory-perfit-tiny.md").read_text()
