@@ -171,3 +171,14 @@ def test_perfit_memory_smoke_counts_every_clients_state(tmp_path: Path) -> None:
     assert 0 < results["perfit"]["client_state_mb"] < results["budget"]["dense_adapter_mb"]
     assert _positive(results["perfit"]["peak_rss_mb"]) and _positive(results["budget"]["budget_mb"])
     assert "P4 budget" in (tmp_path / "memory-perfit-tiny.md").read_text()
+
+
+def test_fedpft_distill_smoke_measures_the_error_at_every_checkpoint(tmp_path: Path) -> None:
+    config = BENCH.parent / "configs" / "test" / "fedpft-tiny.yaml"
+    argv = [str(config), "--steps", "1", "3", "--public", "8", "--held-out", "4", "--lrs", "1e-3"]
+    _load("fedpft_distill").main([*argv, "--results-dir", str(tmp_path)])
+    results = json.loads((tmp_path / "distill-fedpft-tiny.json").read_text())["results"]
+    curve = results["curves"]["0.001"]
+    assert [p["steps"] for p in curve] == [1, 3] and 0 < results["start"] < 1
+    assert all(_positive(p["error"]) and p["seconds"] >= 0 for p in curve)
+    assert "| 3 | 0.001 |" in (tmp_path / "distill-fedpft-tiny.md").read_text()
