@@ -15,7 +15,9 @@ Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s
   common expanded rank 16 (FIT must use the weakest client's rank 8 everywhere: the ``fit`` row);
 - ``perfit_second`` / ``perfit_mixed``: the importance variants (s = 0.5), an ablation;
 - ``perfit_s0.5_alpha``: s = 0.5 with ``lora.alpha`` 16 = r_e, so that PerFIT's LoRA scaling
-  alpha / r_e is 1, as FIT's alpha / r (the paper keeps alpha = r = 8, a scaling of 0.5 at r_e 16).
+  alpha / r_e is 1, as FIT's alpha / r (the paper keeps alpha = r = 8, a scaling of 0.5 at r_e 16);
+- ``perfit_s0.5_local``: s = 0.5 with ``perfit.aggregate=false`` (an ablation: no Alg. 3, each
+  client trains its sparse LoRA on its own data only; compare with ``standalone``'s dense rank r).
 The table gives the final personalised perplexity (mean over clients, then mean ± std over seeds),
 its example-weighted variant, MB up and down per round, and checks PerFIT < FIT. A plot of the
 masks of one PerFIT run (kept share per layer and module, overlap between clients) goes beside it.
@@ -48,6 +50,7 @@ ROWS: dict[str, list[str]] = {
     "perfit_second": ["perfit.sparsity=0.5", "perfit.importance=second"],
     "perfit_mixed": ["perfit.sparsity=0.5", "perfit.importance=mixed"],
     "perfit_s0.5_alpha": ["perfit.sparsity=0.5", "lora.alpha=16"],
+    "perfit_s0.5_local": ["perfit.sparsity=0.5", "perfit.aggregate=false"],
 }
 LABELS = {
     "fit": "FIT (FedIT, rank r)",
@@ -58,6 +61,7 @@ LABELS = {
     "perfit_second": "PerFIT s = 0.5, 2nd-order importance",
     "perfit_mixed": "PerFIT s = 0.5, mixed importance",
     "perfit_s0.5_alpha": "PerFIT s = 0.5, alpha = r_e = 16 (LoRA scaling 1, as FIT's)",
+    "perfit_s0.5_local": "PerFIT s = 0.5 without aggregation (each client keeps its own values)",
 }
 PARTITIONS: dict[str, list[str]] = {
     "pathological": ["data.partition.scheme=pathological"],

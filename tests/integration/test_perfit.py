@@ -91,6 +91,21 @@ def test_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
             np.testing.assert_array_equal(states[client]["values"][key], value)
 
 
+def test_without_aggregation_every_client_keeps_what_it_trained(tmp_path: Path) -> None:
+    # The ablation perfit.aggregate=false: no update goes down, each client's values are its own upload.
+    cfg = tiny_config("perfit", "fed.rounds=2", "perfit.aggregate=false")
+    _, seen = tapped(cfg, tmp_path / "run")
+    assert not [t for d, _, t, _, _ in seen if d == "down" and t == "update"]
+    last_upload = {c: p for d, c, t, _, p in seen if d == "up" and t == "fit"}
+    assert len(last_upload) == 4
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    states = load_checkpoint(path)["federation"]["clients"]
+    for client, payload in last_upload.items():
+        for key, value in arrays(payload, VALUES).items():
+            np.testing.assert_array_equal(states[client]["values"][key], value)
+
+
 def test_only_masked_values_go_up_and_the_mask_only_once(tmp_path: Path) -> None:
     cfg = tiny_config("perfit", "fed.rounds=2")
     _, seen = tapped(cfg, tmp_path / "run")

@@ -36,6 +36,9 @@ Choices where the paper is silent, and deviations:
   ``alpha = r``). The search's gradients come from the response-only SFT loss, as training's.
 - ``search_batches`` limits the batches each search step reads (default: all local batches, the
   paper's T_p passes over the local data).
+- ``aggregate: false`` is an ablation, not the paper's method: Alg. 3 is skipped and every client
+  keeps the masked values it trained (its uploads still travel, so the bytes stay comparable). It
+  separates what the sparse personal LoRA learns on its own from what the aggregation adds.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ class PerFITConfig(AlgorithmConfig):
     search_steps: int = Field(5, ge=1)
     importance: Importance = "first"
     search_batches: int | None = Field(None, ge=1)
+    # Ablation (not in the paper): false skips Alg. 3, each client keeps the values it trained.
+    aggregate: bool = True
 
     @model_validator(mode="after")
     def _check_budgets(self) -> PerFITConfig:
@@ -314,13 +319,14 @@ class PerFIT(Algorithm[PerFITConfig]):
         replies = fed.call(ready, "fit", message, timeout=self.cfg.fed.client_timeout, expect=expect)
         self.require_replies(replies, sampled, fed.traffic)
         trained = list(replies)
-        states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
         weights = [int(replies[c]["num_examples"]) for c in trained]
-        mean, _ = masked_average(states, [masks[c] for c in trained], weights)
-        personal: dict[str, Payload] = {}
-        for client in trained:
-            personal[client] = {VALUES + k: v for k, v in gather_masked(mean, masks[client]).items()}
-        fed.call(trained, "update", personal, timeout=self.cfg.fed.client_timeout)
+        if self.section.aggregate:
+            states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
+            mean, _ = masked_average(states, [masks[c] for c in trained], weights)
+            personal: dict[str, Payload] = {}
+            for client in trained:
+                personal[client] = {VALUES + k: v for k, v in gather_masked(mean, masks[client]).items()}
+            fed.call(trained, "update", personal, timeout=self.cfg.fed.client_timeout)
         kept = sum(int(m.sum()) for c in trained for m in masks[c].values()) / max(1, len(trained))
         return fit_round_result(sampled, {c: replies[c] for c in trained}, weights, {"kept_entries": kept})
 
