@@ -97,10 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     def error(sub: Any) -> float:
         return float(((read_hidden(sub, held) - full).norm(dim=-1) / full.norm(dim=-1)).mean())
 
-    results: dict[str, Any] = {"start": None, "curves": {}}
+    results: dict[str, Any] = {"start": error(build_submodel(copy.deepcopy(model), kept)), "curves": {}}
     for lr in args.lrs:
         sub = build_submodel(copy.deepcopy(model), kept)
-        results["start"] = error(sub)
         curve, done, seconds = [], 0, 0.0
         for steps in args.steps:
             start = time.perf_counter()

@@ -40,6 +40,16 @@ def shapes_of(cfg: Any) -> dict[str, tuple[int, ...]]:
     return PerFIT(cfg).module_shapes(Resources(cfg))
 
 
+def assert_clients_hold(run_dir: Path, payloads: dict[str, Payload]) -> None:
+    """Each client's saved values (latest checkpoint) are exactly the values in its payload."""
+    path = latest_checkpoint(run_dir)
+    assert path is not None
+    states = load_checkpoint(path)["federation"]["clients"]
+    for client, payload in payloads.items():
+        for key, value in arrays(payload, VALUES).items():
+            np.testing.assert_array_equal(states[client]["values"][key], value)
+
+
 def test_masks_hold_each_clients_budget_and_differ(tmp_path: Path) -> None:
     cfg = tiny_config("perfit", "fed.rounds=1", "perfit.budgets=[2,4]", "perfit.sparsity=0.5")
     _, seen = tapped(cfg, tmp_path / "run")
@@ -83,12 +93,7 @@ def test_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
     for direction, client, task, _, payload in seen:
         if direction == "down" and task == "update":
             last_update[client] = payload
-    path = latest_checkpoint(tmp_path / "run")
-    assert path is not None
-    states = load_checkpoint(path)["federation"]["clients"]
-    for client, payload in last_update.items():
-        for key, value in arrays(payload, VALUES).items():
-            np.testing.assert_array_equal(states[client]["values"][key], value)
+    assert_clients_hold(tmp_path / "run", last_update)
 
 
 def test_without_aggregation_every_client_keeps_what_it_trained(tmp_path: Path) -> None:
@@ -98,12 +103,7 @@ def test_without_aggregation_every_client_keeps_what_it_trained(tmp_path: Path) 
     assert not [t for d, _, t, _, _ in seen if d == "down" and t == "update"]
     last_upload = {c: p for d, c, t, _, p in seen if d == "up" and t == "fit"}
     assert len(last_upload) == 4
-    path = latest_checkpoint(tmp_path / "run")
-    assert path is not None
-    states = load_checkpoint(path)["federation"]["clients"]
-    for client, payload in last_upload.items():
-        for key, value in arrays(payload, VALUES).items():
-            np.testing.assert_array_equal(states[client]["values"][key], value)
+    assert_clients_hold(tmp_path / "run", last_upload)
 
 
 def test_only_masked_values_go_up_and_the_mask_only_once(tmp_path: Path) -> None:
