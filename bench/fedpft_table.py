@@ -10,8 +10,9 @@ Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<pa
 ``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
 without layer-level distillation), ``no_neuron`` (without neuron-level distillation); on demand
 ``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders). Datasets:
-``lexclass`` (wordnet-lexclass, single sentences, 24 classes) and ``wic`` (wordnet-wic, sentence
-pairs, 2 classes). Partitions: IID and Dirichlet(alpha) label skew over the class.
+``lexclass`` (wordnet-lexclass, single sentences, 24 classes), ``wic`` (wordnet-wic, sentence
+pairs, 2 classes) and ``hypernym`` (wordnet-hypernym-yn, question + definition pairs, 2 classes).
+Partitions: IID and Dirichlet(alpha) label skew over the class.
 
 The table gives the final accuracy and macro-F1 of the LoRA + head plugged into the full model
 (mean ± std over seeds), the sub-model's own accuracy, what a client holds (parameters and the
@@ -55,6 +56,7 @@ LABELS = {
 DATASETS: dict[str, list[str]] = {
     "lexclass": ["data.dataset=wordnet-lexclass"],
     "wic": ["data.dataset=wordnet-wic"],
+    "hypernym": ["data.dataset=wordnet-hypernym-yn"],
 }
 PARTITIONS: dict[str, list[str]] = {
     "iid": ["data.partition.scheme=iid"],
