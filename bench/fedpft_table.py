@@ -9,7 +9,9 @@
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<partition>-s<seed>``):
 ``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
 without layer-level distillation), ``no_neuron`` (without neuron-level distillation); on demand
-``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders). Datasets:
+``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders), ``keep50``
+(FedPFT keeping half of each compressed FFN) and ``fedot25`` (FedOT dropping a quarter of the middle
+layers), a milder compression on both sides. Datasets:
 ``lexclass`` (wordnet-lexclass, single sentences, 24 classes), ``wic`` (wordnet-wic, sentence
 pairs, 2 classes) and ``hypernym`` (wordnet-hypernym-yn, question + definition pairs, 2 classes).
 Partitions: IID and Dirichlet(alpha) label skew over the class.
@@ -44,7 +46,16 @@ ROWS: dict[str, list[str]] = {
     "no_layer": ["fedpft.distill_steps=0"],
     "no_neuron": ["fedpft.neuron_every=0"],
     "fedpft_rel": ["fedpft.hidden_loss=token_relative"],
+    "keep50": ["fedpft.keep_ratio=0.5"],
+    "fedot25": [
+        "fedpft.submodel=layerdrop",
+        "fedpft.drop=0.25",
+        "fedpft.distill_steps=0",
+        "fedpft.neuron_every=0",
+    ],
 }
+ON_DEMAND = ("fedpft_rel", "keep50", "fedot25")
+"""Rows run only when named: an option for decoders, and a milder compression with its FedOT."""
 LABELS = {
     "fedot": "FedOT (layer drop)",
     "fedpft": "FedPFT",
@@ -52,6 +63,8 @@ LABELS = {
     "no_layer": "FedPFT w/o layer-level distillation",
     "no_neuron": "FedPFT w/o neuron-level distillation",
     "fedpft_rel": "FedPFT, token-relative distillation",
+    "keep50": "FedPFT keeping 1/2 of the FFN",
+    "fedot25": "FedOT dropping 1/4 of the middle layers",
 }
 DATASETS: dict[str, list[str]] = {
     "lexclass": ["data.dataset=wordnet-lexclass"],
@@ -128,15 +141,16 @@ def _compare(
     seeds = sorted(set(a["accuracy_by_seed"]) & set(b["accuracy_by_seed"]))
     wins = sum(a["accuracy_by_seed"][s] < b["accuracy_by_seed"][s] for s in seeds)
     sign = "<" if strict else "<="
+    digits = 1 if f"{a['accuracy']:.1f}" != f"{b['accuracy']:.1f}" else 2  # show what decided it
     return (
         f"- {suffix}: {LABELS[low]} {sign} {LABELS[high]}: {'holds' if holds else 'does not hold'} "
-        f"({a['accuracy']:.1f} vs {b['accuracy']:.1f}; lower in {wins} of {len(seeds)} seeds)"
+        f"({a['accuracy']:.{digits}f} vs {b['accuracy']:.{digits}f}; lower in {wins} of {len(seeds)} seeds)"
     )
 
 
 def ordering(results: dict[str, dict[str, Any]], suffixes: list[str]) -> list[str]:
     pairs = [("fedot", "fedpft", True), ("fedpft", "fedpetuning", False)]
-    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True)]
+    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True), ("fedot25", "keep50", True)]
     lines = [
         _compare(results, low, high, suffix, strict) for suffix in suffixes for low, high, strict in pairs
     ]
@@ -208,7 +222,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
 
 def main(argv: list[str] | None = None) -> None:
     parser = table_parser(__doc__)
-    default_rows = [row for row in ROWS if row != "fedpft_rel"]  # an option for decoders, run on demand
+    default_rows = [row for row in ROWS if row not in ON_DEMAND]
     parser.add_argument("--rows", nargs="+", default=default_rows, choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
     parser.add_argument("--partitions", nargs="+", default=["iid"], choices=list(PARTITIONS))

@@ -34,3 +34,26 @@ def test_a_two_class_model_predicting_one_class_is_recognised() -> None:
 
     assert fedpft_table.one_class_on_two(constant["accuracy"], constant["macro_f1"])
     assert not fedpft_table.one_class_on_two(mixed["accuracy"], mixed["macro_f1"])
+
+
+def test_an_ordering_decided_below_the_shown_precision_shows_more_digits() -> None:
+    def result(by_seed: dict[str, float]) -> dict[str, object]:
+        values = list(by_seed.values())
+        return {"accuracy": sum(values) / len(values), "accuracy_by_seed": by_seed, "constant": False}
+
+    results = {
+        "no_neuron-lexclass-dir1": result({"0": 33.0, "1": 33.4}),  # mean 33.20
+        "fedpft-lexclass-dir1": result({"0": 32.9, "1": 33.6}),  # mean 33.25
+        "fedot25-lexclass-dir1": result({"0": 30.0, "1": 31.0}),
+        "keep50-lexclass-dir1": result({"0": 35.0, "1": 29.0}),
+    }
+    lines = fedpft_table.ordering(results, ["lexclass-dir1"])
+
+    assert (
+        "- lexclass-dir1: FedPFT w/o neuron-level distillation < FedPFT: "
+        "holds (33.20 vs 33.25; lower in 1 of 2 seeds)"
+    ) in lines
+    assert (
+        "- lexclass-dir1: FedOT dropping 1/4 of the middle layers < FedPFT keeping 1/2 of the FFN: "
+        "holds (30.5 vs 32.0; lower in 1 of 2 seeds)"
+    ) in lines
