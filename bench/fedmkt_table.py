@@ -177,34 +177,37 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     lines = []
     for name in names:
         zero, alone, mkt = mean("zeroshot", name), mean("standalone", name), mean("fedmkt", name)
-        if None not in (zero, alone, mkt):
-            holds = zero < alone < mkt  # type: ignore[operator]
+        if zero is not None and alone is not None and mkt is not None:
+            holds = zero < alone < mkt
             lines.append(
-                f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "  # type: ignore[operator]
+                f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
                 f"{100 * mkt:.1f}: **{'holds' if holds else 'does not hold'}**"
             )
     zero, mkt, central = mean("zeroshot", "llm"), mean("fedmkt", "llm"), mean("centralized", "llm")
-    if None not in (zero, mkt, central):
+    if zero is not None and mkt is not None and central is not None:
         lines.append(
-            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f} (Centralized {100 * central:.1f}): "  # type: ignore[operator]
+            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f} (Centralized {100 * central:.1f}): "
             f"**{'holds' if zero < mkt else 'does not hold'}**"
-        )  # type: ignore[operator]
+        )
     return lines
 
 
 def markdown(
     cfg: Any, root: Path, datasets: list[str], chosen: list[str], seeds: list[int], command: str
-) -> str:
+) -> tuple[str, dict[str, Any]]:
+    """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> per seed."""
     metric = cfg.eval.metrics[0]
     parts = [
-        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; accuracy x 100, mean ± std over seeds)",
+        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
         "",
     ]
+    results: dict[str, Any] = {}
     for dataset in datasets:
         data_metric = "rougeL" if dataset == "instruct" else metric
         for setting in chosen:
             names = slms(cfg, setting)
             table = collect(cfg, root, dataset, setting, seeds, data_metric)
+            results[f"{dataset}-{setting}"] = table
             rows = []
             for row, label in LABELS.items():
                 if row not in table:
@@ -238,7 +241,7 @@ def markdown(
                 "",
             ]
     parts.append(f"Command: `{command}`")
-    return "\n".join(parts)
+    return "\n".join(parts), results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -268,8 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             for future in futures:
                 future.result()
     command = "python bench/fedmkt_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = markdown(cfg, root, args.datasets, args.settings, args.seeds, command)
-    write_table(args.results_dir / f"table-{cfg.name}", text, str(args.config), command, {})
+    text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command)
+    write_table(args.results_dir / f"table-{cfg.name}", text, str(args.config), command, results)
     print(text)
 
 
