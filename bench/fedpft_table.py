@@ -9,9 +9,8 @@
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<partition>-s<seed>``):
 ``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
 without layer-level distillation), ``no_neuron`` (without neuron-level distillation); on demand
-``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders), ``keep50``
-(FedPFT keeping half of each compressed FFN) and ``fedot25`` (FedOT dropping a quarter of the middle
-layers), a milder compression on both sides. Datasets:
+``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders) and
+``fedot_emu`` (FedOT with LoRA trained on the emulator's layers as well as on the adapter). Datasets:
 ``lexclass`` (wordnet-lexclass, single sentences, 24 classes), ``wic`` (wordnet-wic, sentence
 pairs, 2 classes) and ``hypernym`` (wordnet-hypernym-yn, question + definition pairs, 2 classes).
 Partitions: IID and Dirichlet(alpha) label skew over the class.
@@ -46,16 +45,15 @@ ROWS: dict[str, list[str]] = {
     "no_layer": ["fedpft.distill_steps=0"],
     "no_neuron": ["fedpft.neuron_every=0"],
     "fedpft_rel": ["fedpft.hidden_loss=token_relative"],
-    "keep50": ["fedpft.keep_ratio=0.5"],
-    "fedot25": [
+    "fedot_emu": [
         "fedpft.submodel=layerdrop",
-        "fedpft.drop=0.25",
+        "fedpft.emulator_lora=true",
         "fedpft.distill_steps=0",
         "fedpft.neuron_every=0",
     ],
 }
-ON_DEMAND = ("fedpft_rel", "keep50", "fedot25")
-"""Rows run only when named: an option for decoders, and a milder compression with its FedOT."""
+ON_DEMAND = ("fedpft_rel", "fedot_emu")
+"""Rows run only when named: an option for decoders, and FedOT's variant with LoRA on the emulator."""
 LABELS = {
     "fedot": "FedOT (layer drop)",
     "fedpft": "FedPFT",
@@ -63,8 +61,7 @@ LABELS = {
     "no_layer": "FedPFT w/o layer-level distillation",
     "no_neuron": "FedPFT w/o neuron-level distillation",
     "fedpft_rel": "FedPFT, token-relative distillation",
-    "keep50": "FedPFT keeping 1/2 of the FFN",
-    "fedot25": "FedOT dropping 1/4 of the middle layers",
+    "fedot_emu": "FedOT, LoRA on the emulator's layers too",
 }
 DATASETS: dict[str, list[str]] = {
     "lexclass": ["data.dataset=wordnet-lexclass"],
@@ -150,7 +147,7 @@ def _compare(
 
 def ordering(results: dict[str, dict[str, Any]], suffixes: list[str]) -> list[str]:
     pairs = [("fedot", "fedpft", True), ("fedpft", "fedpetuning", False)]
-    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True), ("fedot25", "keep50", True)]
+    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True)]
     lines = [
         _compare(results, low, high, suffix, strict) for suffix in suffixes for low, high, strict in pairs
     ]

@@ -124,6 +124,27 @@ def test_layer_drop_baseline_plugs_into_the_full_model(tmp_path: Path, model: st
     assert np.isfinite(history[-1]["eval"]["accuracy"])
 
 
+def uploaded_lora_layers(seen: Tap) -> set[int]:
+    uploads = [p for direction, _, task, _, p in seen if direction == "up" and task == "fit"]
+    keys = {k for p in uploads for k in p if "lora_" in k}
+    return {int(k.split(".layer.")[1].split(".")[0]) for k in keys}
+
+
+@pytest.mark.parametrize(("emulator_lora", "trained"), [(False, {0, 3}), (True, {0, 1, 3})])
+def test_fedot_trains_the_adapter_layers_and_on_request_the_emulator(
+    tmp_path: Path, emulator_lora: bool, trained: set[int]
+) -> None:
+    # Offsite-tuning / FedOT: only the adapter (the first and last edge_layers layers) and the head
+    # train; the emulator's layers (here layer 1 of 0..3, layer 2 dropped) stay as sent.
+    extra = ["fedpft.emulator_lora=true"] if emulator_lora else []  # the default is the method
+    _, seen = tapped_run(tmp_path, "fedpft.submodel=layerdrop", "fedpft.drop=0.5", *extra)
+
+    assert uploaded_lora_layers(seen) == trained
+    downs = [p for direction, _, task, _, p in seen if direction == "down" and task == "fit"]
+    sent_tuned = {k for p in downs for k in p if k.startswith(TUNED) and "lora_" in k}
+    assert {int(k.split(".layer.")[1].split(".")[0]) for k in sent_tuned} == trained
+
+
 def test_decoder_sub_model_trains(tmp_path: Path) -> None:
     history, _ = tapped_run(tmp_path, "model.name=tiny-llama-L4-H32")
 
@@ -144,3 +165,30 @@ def test_fedtune_eval_scores_the_plugged_in_model_like_the_last_round(tmp_path: 
     assert result.metrics["macro_f1"] == pytest.approx(history[-1]["eval"]["macro_f1"])
     with pytest.raises(ValueError, match="classifies"):
         generate_from_run(tmp_path, ["hello"])
+
+
+class Interrupt(BaseException):
+    """Stops the whole run (an Exception would count as the client's failure)."""
+
+
+def test_a_resumed_run_reports_every_distillation_once(tmp_path: Path) -> None:
+    import json
+
+    cfg = tiny_config("fedpft", "fed.rounds=3")
+    quiet_runner(cfg, tmp_path / "full").run()
+
+    def die_in_round_3(client: str, task: str, rnd: int) -> None:
+        if rnd == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        quiet_runner(cfg, tmp_path / "cut", before_task=die_in_round_3).run()
+    quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+
+    def log(run: str) -> list[tuple[float, float, float]]:
+        info = json.loads((tmp_path / run / "artifacts" / "fedpft.json").read_text())
+        return [(d["round"], d["steps"], d["last_loss"]) for d in info["distillation"]]
+
+    # The initial distillation and the neuron-level ones after rounds 1 and 2, as uninterrupted.
+    assert [entry[0] for entry in log("full")] == [0.0, 1.0, 2.0]
+    assert log("cut") == log("full")

@@ -53,3 +53,23 @@ def test_layer_drop_keys_use_the_original_layer_indices() -> None:
     assert any(".layer.3." in k for k in keys) and not any(".layer.2." in k for k in keys)
     full_keys = set(tuned_parameters(with_lora(base, 4, 8, 0.0, 0)))
     assert keys < full_keys
+
+
+def test_fedot_without_an_adapter_layer_is_a_config_error() -> None:
+    from pydantic import ValidationError
+
+    from fedtune.algorithms.fedpft.config import FedPFTConfig
+
+    with pytest.raises(ValidationError, match="edge_layers 0 leaves FedOT no adapter"):
+        FedPFTConfig(submodel="layerdrop", edge_layers=0)
+    assert FedPFTConfig(submodel="layerdrop", edge_layers=0, emulator_lora=True).emulator_lora
+
+
+def test_lora_targets_the_attention_of_roberta_and_gemma3() -> None:
+    from tests.unit.test_ffn_surgery import gemma_classifier, roberta_classifier
+
+    for make, per_layer in ((roberta_classifier, 4), (gemma_classifier, 4)):
+        model = with_lora(make(), 4, 8, 0.0, 0)
+        lora = [k for k in tuned_parameters(model) if "lora_A" in k]
+        assert len(lora) == 3 * per_layer, make.__name__
+        assert not [k for k in lora if "mlp" in k or "intermediate" in k]

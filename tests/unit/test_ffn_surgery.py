@@ -38,6 +38,45 @@ def llama_classifier() -> nn.Module:
     return load_encoder_classifier("tiny-llama", 3, device="cpu")[0]
 
 
+def gemma_classifier() -> nn.Module:
+    """A tiny random Gemma-3 text classifier (gated FFN with GELU-tanh, sliding-window layers)."""
+    from transformers import Gemma3TextConfig, Gemma3TextForSequenceClassification
+
+    config = Gemma3TextConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        sliding_window=4,
+        num_labels=3,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return Gemma3TextForSequenceClassification(config).eval()
+
+
+def roberta_classifier() -> nn.Module:
+    """A tiny random RoBERTa classifier (the paper's second encoder; BERT's FFN layout)."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    config = RobertaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        max_position_embeddings=72,
+        num_labels=3,
+        pad_token_id=1,
+    )
+    torch.manual_seed(0)
+    return RobertaForSequenceClassification(config).eval()
+
+
 def batch(model: nn.Module) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, 250, (2, 7), generator=generator)
@@ -107,7 +146,7 @@ def test_keep_layers_keep_whole_layers_and_ratio_is_validated() -> None:
         select_neurons(model, 0.5, (3,))
 
 
-@pytest.mark.parametrize("make", [bert, llama, llama_classifier])
+@pytest.mark.parametrize("make", [bert, llama, llama_classifier, gemma_classifier, roberta_classifier])
 def test_keep_ratio_one_gives_identical_logits(make: Callable[[], nn.Module]) -> None:
     full = make()
     sub = build_submodel(full, select_neurons(full, 1.0, ()))
@@ -116,7 +155,7 @@ def test_keep_ratio_one_gives_identical_logits(make: Callable[[], nn.Module]) ->
     assert all(f.output is not s.output for f, s in zip(ffn_layers(full), ffn_layers(sub), strict=True))
 
 
-@pytest.mark.parametrize("make", [bert, llama])
+@pytest.mark.parametrize("make", [bert, llama, gemma_classifier, roberta_classifier])
 def test_removing_neurons_with_zero_output_columns_changes_nothing(make: Callable[[], nn.Module]) -> None:
     full = make()
     rng = np.random.default_rng(0)

@@ -26,9 +26,13 @@ Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (``papers/004`
 
 Baselines and ablations as settings: FedPETuning = ``submodel: full``; FedOT = ``submodel:
 layerdrop`` (the first and last ``edge_layers`` layers and a uniform ``1 - drop`` share of the middle
-ones, with FedBiOT's surgery; LoRA + head train on the kept layers and plug in at their original
-indices); FedPFT without layer-level distillation = ``distill_steps: 0``; without neuron-level
-distillation = ``neuron_every: 0``.
+ones, with FedBiOT's surgery). As in Offsite-tuning, LoRA trains on the adapter only -- the
+``edge_layers`` layers at each end -- and the head, while the emulator's middle layers stay as sent;
+the adapter's LoRA + head plug into the full model at their original indices. ``emulator_lora:
+true`` also trains LoRA on the emulator's layers (a variant: those layers then get updates too,
+which the paper's argument says layer drop cannot give the intermediate layers). FedPFT without
+layer-level distillation = ``distill_steps: 0``; without neuron-level distillation =
+``neuron_every: 0``.
 
 Choices where the paper is silent, and deviations:
 - APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. It is

@@ -80,6 +80,7 @@ def layout_payload(layout: Layout) -> Payload:
         LAYOUT + "layers": np.asarray(layout.layers, dtype=np.int32),
         LAYOUT + "widths": np.asarray(layout.widths, dtype=np.int32),
         LAYOUT + "compressed": np.asarray(layout.compressed, dtype=np.int32),
+        **({} if layout.tuned is None else {LAYOUT + "tuned": np.asarray(layout.tuned, dtype=np.int32)}),
     }
 
 
@@ -87,7 +88,8 @@ def layout_from(msg: Payload) -> Layout:
     def ints(key: str) -> tuple[int, ...]:
         return tuple(int(i) for i in np.asarray(msg[LAYOUT + key]).tolist())
 
-    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"))
+    tuned = ints("tuned") if LAYOUT + "tuned" in msg else None
+    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"), tuned)
 
 
 def kept_layers(num_layers: int, edge: int, drop: float) -> tuple[int, ...]:
@@ -130,18 +132,22 @@ class FedPFT(Algorithm[FedPFTConfig]):
         )
         section = self.section
         n = num_decoder_layers(base)
+        tuned: tuple[int, ...] | None = None
         if section.submodel == "ffn":
             client = build_submodel(base, select_neurons(base, section.keep_ratio, section.keep_layers))
             layers = tuple(range(n))
         elif section.submodel == "layerdrop":
             layers = kept_layers(n, section.edge_layers, section.drop)
             client = truncate_layers(base, list(layers))
+            if not section.emulator_lora:  # Offsite-tuning: only the adapter at both ends trains
+                edge = section.edge_layers
+                tuned = tuple(sorted(set(range(edge)) | set(range(n - edge, n))))
         else:
             client, layers = copy.deepcopy(base), tuple(range(n))
         widths = tuple(ffn.width for ffn in ffn_layers(client))
         full_widths = {ffn.layer: ffn.width for ffn in ffn_layers(base)}
         compressed = tuple(pos for pos, layer in enumerate(layers) if widths[pos] < full_widths[layer])
-        self.layout = Layout(n, layers, widths, compressed)
+        self.layout = Layout(n, layers, widths, compressed, tuned)
         lora = self.cfg.lora
         full = with_lora(base, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
         client = with_lora(client, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
@@ -503,6 +509,8 @@ class FedPFT(Algorithm[FedPFTConfig]):
             "global_state": self.global_state,
             "ffn_version": self.ffn_version,
             "frozen_neurons": {str(k): v for k, v in self.frozen_neurons.items()},
+            # Every distillation so far (its "seconds" is a wall-clock reading).
+            "distill_log": [dict(entry) for entry in self.distill_log],
         }
         if self._models is not None:
             state["ffn"] = arrays_of(ffn_parameters(self._models[1], self.layout))
@@ -514,5 +522,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.global_state = {k: np.asarray(v) for k, v in state["global_state"].items()}
         self.ffn_version = int(state["ffn_version"])
         self.frozen_neurons = {int(k): np.asarray(v) for k, v in state["frozen_neurons"].items()}
+        # Replaces the log of setup()'s repeated initial distillation: each distillation is reported once.
+        self.distill_log = [
+            {k: float(v) for k, v in entry.items()} for entry in state.get("distill_log", self.distill_log)
+        ]
         self.broadcast.reset()
         self._load(ffn_parameters(self._models[1], self.layout), state["ffn"], "checkpoint")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedtune.config import AlgorithmConfig
 
@@ -14,7 +14,9 @@ class FedPFTConfig(AlgorithmConfig):
 
     ``submodel``: ``ffn`` (FedPFT: every layer's FFN cut to its ``keep_ratio`` most salient neurons,
     ``keep_layers`` whole), ``full`` (FedPETuning: the full model), ``layerdrop`` (FedOT: the first and
-    last ``edge_layers`` layers plus a uniform ``1 - drop`` share of the middle ones, whole).
+    last ``edge_layers`` layers plus a uniform ``1 - drop`` share of the middle ones, whole). FedOT
+    trains LoRA on the adapter (the ``edge_layers`` at each end) only, as Offsite-tuning;
+    ``emulator_lora: true`` trains it on the emulator's layers too (a variant, not the baseline).
     ``distill_steps: 0`` is the ablation without layer-level distillation, ``neuron_every: 0`` the one
     without neuron-level distillation.
     """
@@ -26,6 +28,7 @@ class FedPFTConfig(AlgorithmConfig):
     keep_layers: list[int] = Field(default_factory=lambda: [0, -1])
     drop: float = Field(0.5, ge=0, lt=1)
     edge_layers: int = Field(1, ge=0)
+    emulator_lora: bool = False
     labels: list[str] | None = None
     # Layer-level distillation (eq. 13) before federated learning, on public data.
     distill_steps: int = Field(100, ge=0)
@@ -43,3 +46,12 @@ class FedPFTConfig(AlgorithmConfig):
     neuron_steps: int = Field(50, ge=0)
     apoz_examples: int | None = Field(64, ge=1)
     client_cache: Literal["auto", "memory", "disk"] = "auto"
+
+    @model_validator(mode="after")
+    def _fedot_has_an_adapter(self) -> FedPFTConfig:
+        if self.submodel == "layerdrop" and self.edge_layers == 0 and not self.emulator_lora:
+            raise ValueError(
+                "fedpft.edge_layers 0 leaves FedOT no adapter layer to train: "
+                "set edge_layers >= 1 or emulator_lora: true"
+            )
+        return self

@@ -15,12 +15,13 @@ from torch import nn
 
 from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
 from fedtune.models.lora import attach_lora
-from fedtune.models.surgery import layer_pattern, relabel, unwrap
+from fedtune.models.surgery import layer_index, layer_pattern, relabel, unwrap
 
 HEAD_PREFIXES = ("classifier.", "score.")
 """BERT's and the decoders' sequence-classification heads (transformers' names)."""
 ATTENTION_TARGETS = {
     "bert": ["query", "key", "value", "attention.output.dense"],
+    "roberta": ["query", "key", "value", "attention.output.dense"],
     "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "gemma3_text": ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -29,13 +30,15 @@ ATTENTION_TARGETS = {
 
 @dataclass(frozen=True)
 class Layout:
-    """Which original layers the client model holds, each held layer's FFN width, and the positions
-    of the layers whose FFN is narrower than the full model's (the ones the distillations train)."""
+    """Which original layers the client model holds, each held layer's FFN width, the positions of
+    the layers whose FFN is narrower than the full model's (the ones the distillations train), and
+    the original layers whose attention LoRA trains (None: every held layer; FedOT: its adapter)."""
 
     num_layers: int
     layers: tuple[int, ...]
     widths: tuple[int, ...]
     compressed: tuple[int, ...] = ()
+    tuned: tuple[int, ...] | None = None
 
     def positions(self) -> dict[int, int]:
         """Original layer index -> position in the client model."""
@@ -73,11 +76,15 @@ def _original_names(model: nn.Module, layout: Layout | None) -> dict[str, nn.Par
 
 
 def tuned_parameters(model: nn.Module, layout: Layout | None = None) -> dict[str, nn.Parameter]:
-    """What clients train: attention LoRA and the task head."""
+    """What clients train: attention LoRA (of ``layout.tuned``'s layers when set) and the task head."""
+    names = _original_names(model, layout)
+    if layout is None or layout.tuned is None:
+        return {n: p for n, p in names.items() if "lora_" in n or n.startswith(HEAD_PREFIXES)}
+    pattern, tuned = layer_pattern(unwrap(model)), set(layout.tuned)
     return {
-        name: p
-        for name, p in _original_names(model, layout).items()
-        if "lora_" in name or name.startswith(HEAD_PREFIXES)
+        n: p
+        for n, p in names.items()
+        if n.startswith(HEAD_PREFIXES) or ("lora_" in n and layer_index(n, pattern) in tuned)
     }
 
 
@@ -96,7 +103,8 @@ def distilled_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Param
 
 
 def frozen_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
-    """Everything else but LoRA and the head: embeddings, attention, norms, pooler, whole FFNs (sent once)."""
+    """Everything else but the tuned LoRA and the head: embeddings, attention, norms, pooler, whole
+    FFNs, the LoRA of layers that do not train (FedOT's emulator; sent once)."""
     moving = set(tuned_parameters(model, layout)) | set(distilled_parameters(model, layout))
     return {k: p for k, p in _original_names(model, layout).items() if k not in moving}
 
