@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +35,19 @@ def full_widths(name: str) -> dict[int, int]:
 
 
 def ffn_width(key: str, value: np.ndarray) -> int | None:
-    """The neuron count of an FFN array (BERT: intermediate rows, output columns), else None."""
-    if ".intermediate.dense." in key:
+    """The neuron count of an FFN array (BERT: intermediate rows, output columns; gated decoders: gate
+    and up rows, down columns), else None."""
+    if ".intermediate.dense." in key or ".mlp.gate_proj." in key or ".mlp.up_proj." in key:
         return int(value.shape[0])
-    if ".output.dense.weight" in key and ".attention." not in key:
+    if ".mlp.down_proj.weight" in key or (".output.dense.weight" in key and ".attention." not in key):
         return int(value.shape[1])
     return None
 
 
-def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path) -> None:
-    history, seen = tapped_run(tmp_path)
-    widths = full_widths("tiny-bert-L4-H32")
+@pytest.mark.parametrize("model", ["tiny-bert-L4-H32", "tiny-llama-L4-H32"])
+def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path, model: str) -> None:
+    history, seen = tapped_run(tmp_path, f"model.name={model}")
+    widths = full_widths(model)
     whole = {0, len(widths) - 1}
 
     downs = [(client, rnd, p) for direction, client, task, rnd, p in seen if direction == "down"]
@@ -54,7 +57,9 @@ def test_no_full_ffn_of_a_compressed_layer_leaves_the_server(tmp_path: Path) -> 
         width = ffn_width(key, value)
         if width is None:
             continue
-        layer = int(key.split(".layer.")[1].split(".")[0])
+        match = re.search(r"\.layers?\.(\d+)\.", key)
+        assert match, key
+        layer = int(match.group(1))
         # Compressed layers travel only at their sub-model width (as FFN), whole layers once (frozen).
         assert key.startswith(FROZEN if layer in whole else FFN), key
         assert width == (widths[layer] if layer in whole else widths[layer] // 2), key
