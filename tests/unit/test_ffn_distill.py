@@ -255,3 +255,27 @@ def test_distill_restores_modes_and_rejects_bad_masks() -> None:
             grad_masks={"lm_head.weight": torch.ones(1)},
         )
     assert student.training and all(p.requires_grad for p in student.parameters())
+
+
+def test_eq13_adds_mu_times_the_product_gap_to_the_hidden_error() -> None:
+    # Prepare: one layer's hidden states [B=1, T=2, H=2] (position 1 padding) and one FFN pair.
+    teacher = [torch.zeros(1, 2, 2), torch.tensor([[[1.0, 2.0], [5.0, 5.0]]])]
+    student = [torch.zeros(1, 2, 2), torch.tensor([[[0.0, 4.0], [0.0, 0.0]]], requires_grad=True)]
+    full = hand_ffn([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], [[1.0, 0.0, 2.0], [0.0, 1.0, -1.0]])
+    sub = hand_ffn([[1.0, 0.5], [0.0, 2.0]], [[1.0, 0.0], [0.5, 1.0]])
+    mask = torch.tensor([[1, 0]])
+    # W_out W_in: full [[3, 2], [-1, 1]], sub [[1, 0.5], [0.5, 2.25]]; gap 4 + 2.25 + 2.25 + 1.5625.
+    gap = 4.0 + 2.25 + 2.25 + 1.5625
+    # Execute
+    loss, parts = layer_distill_loss(teacher, student, mask, [full], [sub], mu=0.5)
+    loss.backward()
+    # Assert: hidden error (1 + 4) / 2 at the one real position; the sub-FFN gets the mu term's gradient.
+    assert parts["hidden_mse"] == pytest.approx(2.5) and parts["product_gap"] == pytest.approx(gap)
+    assert loss.item() == pytest.approx(2.5 + 0.5 * gap)
+    difference = (
+        full.output.weight @ full.inputs[0].weight - sub.output.weight @ sub.inputs[0].weight
+    ).detach()
+    torch.testing.assert_close(
+        sub.inputs[0].weight.grad, 0.5 * -2 * sub.output.weight.detach().T @ difference
+    )
+    assert student[1].grad is not None and student[1].grad[0, 1].abs().sum() == 0
