@@ -279,3 +279,24 @@ def test_eq13_adds_mu_times_the_product_gap_to_the_hidden_error() -> None:
         sub.inputs[0].weight.grad, 0.5 * -2 * sub.output.weight.detach().T @ difference
     )
     assert student[1].grad is not None and student[1].grad[0, 1].abs().sum() == 0
+
+
+def test_apoz_of_a_gated_ffn_reads_the_activation_not_its_product_with_up() -> None:
+    # Prepare: up = 0, so SiLU(gate) * up is 0 at every neuron; the activation SiLU(gate) is <= 0
+    # exactly where the gate's output is <= 0 (about half the entries of a random gate).
+    model = llama()
+    ffn = ffn_layers(model)[1]
+    with torch.no_grad():
+        ffn.inputs[1].weight.zero_()
+    gates: list[torch.Tensor] = []
+    handle = ffn.inputs[0].register_forward_hook(lambda module, args, out: gates.append(out))
+    data = batches(1)
+    # Execute
+    zeros, counted = apoz_counts(model, data)[1]
+    handle.remove()
+    # Assert
+    mask = data[0]["attention_mask"].bool().unsqueeze(-1)
+    expected = ((gates[0] <= 0) & mask).sum(dim=(0, 1))
+    assert zeros.tolist() == expected.tolist()
+    assert 0 < zeros.sum() < counted * ffn.width
+    assert not ffn.inputs[0]._forward_hooks

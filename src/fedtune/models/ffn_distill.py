@@ -18,6 +18,7 @@ Deviations and choices:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -151,22 +152,22 @@ def _hidden_states(model: nn.Module, batch: Batch) -> tuple[Tensor, ...]:
     return tuple(out.hidden_states)
 
 
-def _count_hook(counts: dict[int, list[Any]], layer: int, state: dict[str, Tensor]) -> Any:
-    def hook(module: nn.Module, args: tuple[Tensor, ...]) -> None:
-        # args[0] [B, T, I]: the activations that multiply W_out's columns.
-        mask = state["mask"].to(args[0].device).unsqueeze(-1)
-        zeros = ((args[0] <= 0) & mask).sum(dim=(0, 1))
-        counts[layer][0] += zeros.cpu().numpy().astype(np.int64)
-        counts[layer][1] += int(state["mask"].sum())
-
-    return hook
+def _count(counts: dict[int, list[Any]], layer: int, state: dict[str, Tensor], values: Tensor) -> None:
+    """Add the entries ``<= 0`` of ``values`` [B, T, I] at non-pad positions to ``counts[layer]``."""
+    mask = state["mask"].to(values.device).unsqueeze(-1)
+    zeros = ((values <= 0) & mask).sum(dim=(0, 1))
+    counts[layer][0] += zeros.cpu().numpy().astype(np.int64)
+    counts[layer][1] += int(state["mask"].sum())
 
 
 def apoz_counts(model: nn.Module, batches: Sequence[Batch]) -> ApozCounts:
     """Layer -> (per-neuron count of activations ``<= 0`` [I], number of non-pad token positions).
 
-    Counted at the input of each FFN's output projection (BERT: GELU(W_in x); gated decoders:
-    SiLU(gate) * up), in eval mode without gradient; batches need input_ids and attention_mask.
+    The activation is the FFN's nonlinearity's output: BERT's GELU(W_in x), read at the input of the
+    output projection; a gated decoder's SiLU(gate) (GELU-tanh for Gemma), which is ``<= 0`` exactly
+    where the gate projection's output is, read there (the product with ``up`` that multiplies
+    W_out's columns has the sign of ``up`` as well, which says nothing about the neuron's activity).
+    Eval mode without gradient; batches need input_ids and attention_mask.
     """
     counts: dict[int, list[Any]] = {}
     state: dict[str, Tensor] = {}
@@ -175,7 +176,11 @@ def apoz_counts(model: nn.Module, batches: Sequence[Batch]) -> ApozCounts:
     try:
         for ffn in ffn_layers(model):
             counts[ffn.layer] = [np.zeros(ffn.width, dtype=np.int64), 0]
-            handles.append(ffn.output.register_forward_pre_hook(_count_hook(counts, ffn.layer, state)))
+            count = functools.partial(_count, counts, ffn.layer, state)
+            if len(ffn.inputs) > 1:  # gated: inputs are (gate, up)
+                handles.append(ffn.inputs[0].register_forward_hook(lambda m, a, out, c=count: c(out)))
+            else:
+                handles.append(ffn.output.register_forward_pre_hook(lambda m, args, c=count: c(args[0])))
         model.eval()
         with torch.no_grad():
             for batch in batches:

@@ -35,9 +35,10 @@ layer-level distillation = ``distill_steps: 0``; without neuron-level distillati
 ``neuron_every: 0``.
 
 Choices where the paper is silent, and deviations:
-- APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. It is
-  measured on the input of the FFN's output projection (BERT: GELU(x W_in); gated decoders:
-  SiLU(x W_gate) * (x W_up)), over non-pad tokens, on up to ``apoz_examples`` examples per client.
+- APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. The
+  activation is the nonlinearity's output: BERT's GELU(x W_in); a gated decoder's SiLU(x W_gate)
+  (not its product with x W_up, whose sign is also up's), which is <= 0 exactly where x W_gate is;
+  over non-pad tokens, on up to ``apoz_examples`` examples per client.
 - Both distillations run with the current global LoRA loaded into the full model and the sub-model,
   in eval mode (no dropout); layers kept whole are never trained, so they stay equal to the full model's.
 - The hidden-state MSE is averaged over non-pad positions of each layer and summed over layers.
