@@ -38,43 +38,36 @@ def llama_classifier() -> nn.Module:
     return load_encoder_classifier("tiny-llama", 3, device="cpu")[0]
 
 
-def gemma_classifier() -> nn.Module:
-    """A tiny random Gemma-3 text classifier (gated FFN with GELU-tanh, sliding-window layers)."""
-    from transformers import Gemma3TextConfig, Gemma3TextForSequenceClassification
-
-    config = Gemma3TextConfig(
+def tiny_classifier(config_class: type, model_class: type, **extra: object) -> nn.Module:
+    """A tiny random 3-class classifier: 3 layers, width 32, FFN 64, 2 heads, 256 tokens."""
+    config = config_class(
         vocab_size=256,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
         num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-        sliding_window=4,
         num_labels=3,
-        pad_token_id=0,
+        **extra,
     )
     torch.manual_seed(0)
-    return Gemma3TextForSequenceClassification(config).eval()
+    return model_class(config).eval()
+
+
+def gemma_classifier() -> nn.Module:
+    """Gemma-3 text: a gated FFN with GELU-tanh, sliding-window layers."""
+    from transformers import Gemma3TextConfig, Gemma3TextForSequenceClassification
+
+    extra = {"num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 64, "sliding_window": 4}
+    return tiny_classifier(Gemma3TextConfig, Gemma3TextForSequenceClassification, pad_token_id=0, **extra)
 
 
 def roberta_classifier() -> nn.Module:
-    """A tiny random RoBERTa classifier (the paper's second encoder; BERT's FFN layout)."""
+    """RoBERTa (the paper's second encoder): BERT's FFN layout."""
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
-    config = RobertaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        max_position_embeddings=72,
-        num_labels=3,
-        pad_token_id=1,
+    return tiny_classifier(
+        RobertaConfig, RobertaForSequenceClassification, max_position_embeddings=72, pad_token_id=1
     )
-    torch.manual_seed(0)
-    return RobertaForSequenceClassification(config).eval()
 
 
 def batch(model: nn.Module) -> dict[str, torch.Tensor]:
