@@ -92,12 +92,15 @@ def layout_from(msg: Payload) -> Layout:
     return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"), tuned)
 
 
+def adapter_layers(num_layers: int, edge: int) -> tuple[int, ...]:
+    """FedOT's adapter: the first and last ``edge`` layers."""
+    return tuple(sorted(set(range(edge)) | set(range(num_layers - edge, num_layers))))
+
+
 def kept_layers(num_layers: int, edge: int, drop: float) -> tuple[int, ...]:
     """FedOT's emulator layers: the first and last ``edge`` layers whole, a uniform share of the rest."""
     middle = list(range(edge, num_layers - edge))
-    return tuple(
-        sorted(set(range(edge)) | set(uniform_drop(middle, drop)) | set(range(num_layers - edge, num_layers)))
-    )
+    return tuple(sorted(set(adapter_layers(num_layers, edge)) | set(uniform_drop(middle, drop))))
 
 
 class FedPFT(Algorithm[FedPFTConfig]):
@@ -140,8 +143,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
             layers = kept_layers(n, section.edge_layers, section.drop)
             client = truncate_layers(base, list(layers))
             if not section.emulator_lora:  # Offsite-tuning: only the adapter at both ends trains
-                edge = section.edge_layers
-                tuned = tuple(sorted(set(range(edge)) | set(range(n - edge, n))))
+                tuned = adapter_layers(n, section.edge_layers)
         else:
             client, layers = copy.deepcopy(base), tuple(range(n))
         widths = tuple(ffn.width for ffn in ffn_layers(client))
