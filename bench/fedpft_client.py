@@ -6,7 +6,7 @@ Client models (``fedtune.algorithms.fedpft``'s surgery, attention LoRA r 8 on q,
 - ``fedpft``: every layer's FFN cut to its ``--keep-ratio`` most salient neurons, the first and last
   layer whole (`select_neurons` + `build_submodel`);
 - ``fedot``: the first and last layer plus half of the middle ones (`kept_layers(n, 1, 0.5)` +
-  `truncate_layers`).
+  `truncate_layers`); LoRA trains on the adapter only, the first and last layer (`adapter_layers`).
 Per variant: the parameters the client holds (all, FFN, trained), the peak RSS of a fresh process
 that receives only that client model (rebuilt from its config and FFN widths, weights read one tensor
 at a time, as a FedPFT client does) and runs ``--probe-steps`` local steps, the median time of one
@@ -116,6 +116,19 @@ def client_models(base: Any, keep_ratio: float) -> dict[str, Any]:
     }
 
 
+def client_layouts(base: Any) -> dict[str, Any]:
+    """Which layers' LoRA each client model trains: every layer's, except FedOT's (its adapter)."""
+    from fedtune.algorithms.fedpft.algorithm import adapter_layers, kept_layers
+    from fedtune.algorithms.fedpft.parts import Layout
+    from fedtune.models.ffn import ffn_widths
+    from fedtune.models.surgery import num_decoder_layers
+
+    n, widths = num_decoder_layers(base), ffn_widths(base)
+    layers = kept_layers(n, edge=1, drop=0.5)
+    fedot = Layout(n, layers, tuple(widths[i] for i in layers), tuned=adapter_layers(n, edge=1))
+    return {"fedpetuning": None, "fedpft": None, "fedot": fedot}
+
+
 def token_macs(model: Any, seq_len: int) -> dict[str, int]:
     """Multiply-adds per token of the layers' matmuls: ``ffn`` (the FFN projections) and ``all`` (every
     Linear inside a layer, plus attention's scores and weighted sum, 2 x seq_len x hidden per layer)."""
@@ -136,27 +149,29 @@ def token_macs(model: Any, seq_len: int) -> dict[str, int]:
     return {"ffn": ffn, "all": linear + attention}
 
 
-def sizes(model: Any) -> dict[str, int]:
+def sizes(model: Any, layout: Any) -> dict[str, int]:
     """Parameters the client holds, and the fp32 bytes of what it sends and receives."""
     from fedtune.algorithms.fedpft.parts import count, ffn_parameters, model_params, tuned_parameters
 
-    tuned, ffn = count(tuned_parameters(model)), count(ffn_parameters(model))
+    trained = tuned_parameters(model, layout)
+    tuned, ffn = count(trained), count(ffn_parameters(model))
     return {
         "params": model_params(model),
         "ffn_params": ffn,
         "trained_params": tuned,
+        "lora_params": count({k: p for k, p in trained.items() if "lora_" in k}),
         "bytes_up_per_round": tuned * BYTES_FP32,
         "bytes_down_per_round": tuned * BYTES_FP32,
         "bytes_down_once": (model_params(model) - tuned) * BYTES_FP32,  # all but LoRA + head
     }
 
 
-def train_only_tuned(model: Any) -> Any:
-    """AdamW over LoRA + head, everything else frozen (what a FedPFT client trains)."""
+def train_only_tuned(model: Any, layout: Any) -> Any:
+    """AdamW over LoRA (of ``layout.tuned``'s layers when set) + head, everything else frozen."""
     from fedtune.algorithms.fedpft.parts import tuned_parameters
     from fedtune.train.optim import build_optimizer
 
-    tuned = tuned_parameters(model)
+    tuned = tuned_parameters(model, layout)
     for p in model.parameters():
         p.requires_grad_(False)
     for p in tuned.values():
@@ -174,14 +189,18 @@ def one_step(model: Any, optimizer: Any, batch: Any) -> float:
 
 
 # ---------------------------------------------------------------- probes
-def save_client(model: Any, directory: Path, batches: list[Any]) -> None:
-    """What a client receives: the architecture, the FFN widths and the weights (one .npy per tensor)."""
+def save_client(model: Any, layout: Any, directory: Path, batches: list[Any]) -> None:
+    """What a client receives: the architecture, the FFN widths, the layout (FedOT's) and the weights
+    (one .npy per tensor)."""
+    import dataclasses
+
     import numpy as np
     import torch
 
     from fedtune.models.ffn import ffn_widths
 
     directory.mkdir(parents=True)
+    (directory / "layout.json").write_text(json.dumps(layout and dataclasses.asdict(layout)))
     (directory / "arch.json").write_text(model.config.to_json_string(use_diff=False))
     (directory / "widths.json").write_text(json.dumps(ffn_widths(model)))
     names = list(model.state_dict())
@@ -191,12 +210,12 @@ def save_client(model: Any, directory: Path, batches: list[Any]) -> None:
     torch.save(batches, directory / "batches.pt")
 
 
-def rebuilt_client(directory: Path) -> Any:
+def rebuilt_client(directory: Path) -> tuple[Any, Any]:
     import numpy as np
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from fedtune.algorithms.fedpft.parts import with_lora
+    from fedtune.algorithms.fedpft.parts import Layout, with_lora
     from fedtune.models.ffn import resize_ffn
 
     spec = json.loads((directory / "arch.json").read_text())
@@ -207,7 +226,12 @@ def rebuilt_client(directory: Path) -> Any:
     with torch.no_grad():
         for index, name in enumerate(json.loads((directory / "names.json").read_text())):
             state[name].copy_(torch.from_numpy(np.load(directory / f"{index}.npy")))
-    return with_lora(model, LORA_R, LORA_ALPHA, LORA_DROPOUT, seed=0)
+    spec = json.loads((directory / "layout.json").read_text())
+    layout = None
+    if spec is not None:
+        tuned = None if spec["tuned"] is None else tuple(spec["tuned"])
+        layout = Layout(spec["num_layers"], tuple(spec["layers"]), tuple(spec["widths"]), (), tuned)
+    return with_lora(model, LORA_R, LORA_ALPHA, LORA_DROPOUT, seed=0), layout
 
 
 def client_probe(directory: str, steps: int, threads: int) -> None:
@@ -217,9 +241,9 @@ def client_probe(directory: str, steps: int, threads: int) -> None:
     torch.set_num_threads(threads)
     folder = Path(directory)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    model = rebuilt_client(folder)
+    model, layout = rebuilt_client(folder)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    optimizer = train_only_tuned(model)
+    optimizer = train_only_tuned(model, layout)
     batches = torch.load(folder / "batches.pt")
     for step in range(steps):
         one_step(model, optimizer, batches[step % len(batches)])
@@ -302,12 +326,12 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
     batches = train_batches(
         tokenizer, args.warmup_steps + args.timed_steps, args.batch_size, args.seq_len, args.seed
     )
-    plain = client_models(base, args.keep_ratio)
+    plain, layouts = client_models(base, args.keep_ratio), client_layouts(base)
     macs = {variant: token_macs(model, args.seq_len) for variant, model in plain.items()}
     for variant, model in plain.items():
-        save_client(model, workdir / name / variant, batches[: args.probe_steps])
+        save_client(model, layouts[variant], workdir / name / variant, batches[: args.probe_steps])
     models = {v: with_lora(m, LORA_R, LORA_ALPHA, LORA_DROPOUT, seed=args.seed) for v, m in plain.items()}
-    optimizers = {v: train_only_tuned(m) for v, m in models.items()}
+    optimizers = {v: train_only_tuned(m, layouts[v]) for v, m in models.items()}
     step_seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for index, batch in enumerate(batches):
         for variant in VARIANTS:
@@ -320,7 +344,7 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
     for variant in VARIANTS:
         step = median(step_seconds[variant])
         variants[variant] = {
-            **sizes(models[variant]),
+            **sizes(models[variant], layouts[variant]),
             **rss[variant],
             "step_s": step,
             "step_ratio": step / full_step,

@@ -149,6 +149,10 @@ def test_p11_smoke_measures_three_client_models(tmp_path: Path) -> None:
         full, sub, drop = (entry["variants"][v] for v in ("fedpetuning", "fedpft", "fedot"))
         # The sub-model keeps every layer's attention: it trains and sends what the full model does.
         assert sub["trained_params"] == full["trained_params"] > drop["trained_params"]
+        # FedOT trains LoRA on its adapter only: the first and last of the four layers.
+        assert 2 * drop["lora_params"] == full["lora_params"] == sub["lora_params"] > 0
+        heads = {v["trained_params"] - v["lora_params"] for v in (full, sub, drop)}
+        assert len(heads) == 1 and heads.pop() > 0
         assert sub["bytes_up_per_round"] == full["bytes_up_per_round"] == 4 * full["trained_params"]
         assert sub["ffn_params"] < full["ffn_params"] and sub["params"] < full["params"]
         assert sub["bytes_down_once"] < full["bytes_down_once"]
