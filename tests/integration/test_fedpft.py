@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from fedtune.algorithms.fedpft.algorithm import APOZ, FFN, FROZEN, TUNED
+from fedtune.algorithms.fedpft.final import TUNED_FILE
+from fedtune.fl.broadcast import load_npz, save_npz
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
 from fedtune.models.ffn import ffn_layers
@@ -170,6 +172,12 @@ def test_fedtune_eval_scores_the_plugged_in_model_like_the_last_round(tmp_path: 
     assert result.metrics["macro_f1"] == pytest.approx(history[-1]["eval"]["macro_f1"])
     with pytest.raises(ValueError, match="classifies"):
         generate_from_run(tmp_path, ["hello"])
+
+    # A tuned state without the head would score a random head: refused, naming the file.
+    tuned_file = tmp_path / "artifacts" / TUNED_FILE
+    save_npz(tuned_file, {k: v for k, v in load_npz(tuned_file).items() if not k.startswith("classifier.")})
+    with pytest.raises(KeyError, match=f"{TUNED_FILE}.*classifier"):
+        evaluate_run(tmp_path)
 
 
 class Interrupt(BaseException):

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from fedtune.algorithms.fedpft.parts import tuned_parameters, with_lora
+from fedtune.algorithms.fedpft.parts import HEAD_PREFIXES, tuned_parameters, with_lora
 from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
     ClassExample,
@@ -66,6 +66,10 @@ def load_final_fedpft(
     model = with_lora(base, lora.r, lora.alpha, lora.dropout, cfg.seed)
     state = load_npz(tuned_file)
     targets = tuned_parameters(model)
+    # LoRA a run did not train (FedOT's emulator layers) stays at its no-op init; the head cannot.
+    head = sorted(k for k in targets if k.startswith(HEAD_PREFIXES) and k not in state)
+    if head:
+        raise KeyError(f"{tuned_file}: the task head is missing ({', '.join(head)})")
     load_parameters({k: p for k, p in targets.items() if k in state}, state, str(tuned_file))
     return model.eval(), tokenizer, names
 
