@@ -160,6 +160,15 @@ def test_decoder_sub_model_trains(tmp_path: Path) -> None:
     assert history[2]["ffn_version"] == 2
 
 
+def test_nothing_compressed_means_nothing_distilled_nor_re_sent(tmp_path: Path) -> None:
+    history, seen = tapped_run(tmp_path, "fedpft.keep_ratio=1.0")
+
+    assert not any(task == "apoz" for _, _, task, _, _ in seen)
+    assert history[1]["submodel_sends"] > 0
+    assert history[2]["ffn_version"] == 1 and history[2]["submodel_sends"] == 0
+    assert "distill_seconds" not in history[1]
+
+
 def test_fedtune_eval_scores_the_plugged_in_model_like_the_last_round(tmp_path: Path) -> None:
     from fedtune.artifacts import evaluate_run, generate_from_run
 

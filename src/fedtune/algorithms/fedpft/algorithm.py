@@ -113,10 +113,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.global_state: dict[str, np.ndarray] = {}
         self.ffn_version = 1
         self.frozen_neurons: dict[int, np.ndarray] = {}
-        # Only FedPFT's sub-model changes after setup (its compressed FFNs, by neuron-level distillation).
-        parts = ("frozen", "ffn") if self.section.submodel == "ffn" else ("frozen",)
-        self.broadcast = VersionedBroadcast(parts)
-        self.broadcast.set_version("frozen", 1)
+        self.broadcast = self._broadcast(self.section.submodel == "ffn")
         self.layout: Layout | None = None
         self._models: tuple[Any, Any, Any] | None = None
         self._public: list[dict[str, torch.Tensor]] = []
@@ -150,10 +147,23 @@ class FedPFT(Algorithm[FedPFTConfig]):
         full_widths = {ffn.layer: ffn.width for ffn in ffn_layers(base)}
         compressed = tuple(pos for pos, layer in enumerate(layers) if widths[pos] < full_widths[layer])
         self.layout = Layout(n, layers, widths, compressed, tuned)
+        self.broadcast = self._broadcast(bool(compressed))
         lora = self.cfg.lora
         full = with_lora(base, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
         client = with_lora(client, lora.r, lora.alpha, lora.dropout, self.cfg.seed)
         return full.eval(), client.eval(), tokenizer
+
+    @staticmethod
+    def _broadcast(distilled: bool) -> VersionedBroadcast:
+        """Only a compressed sub-model changes after setup (its compressed FFNs, by the distillations):
+        without one, no "ffn" part travels."""
+        broadcast = VersionedBroadcast(("frozen", "ffn") if distilled else ("frozen",))
+        broadcast.set_version("frozen", 1)
+        return broadcast
+
+    def _distills(self) -> bool:
+        """Whether the client model has compressed FFNs to distil (FedPFT with something removed)."""
+        return self.layout is not None and bool(self.layout.compressed)
 
     def server_models(self, server: ServerContext) -> tuple[Any, Any, Any]:
         models: tuple[Any, Any, Any] = server.resources.get(
@@ -241,7 +251,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.global_state = {k: v for k, v in arrays_of(tuned_parameters(full)).items() if k in held}
         self._load_tuned(client, self.global_state, "initial state")
         self._public = self._public_batches(server, tokenizer)
-        if self.section.submodel == "ffn" and self.section.distill_steps > 0:
+        if self._distills() and self.section.distill_steps > 0:
             self._distill(self.section.distill_steps, "init", {})
 
     # ------------------------------------------------------------------ round
@@ -303,7 +313,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
     def _neuron_round(self, rnd: int) -> bool:
         every = self.section.neuron_every
         return (
-            self.section.submodel == "ffn"
+            self._distills()
             and every > 0
             and self.section.neuron_steps > 0
             and rnd % every == 0
