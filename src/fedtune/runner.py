@@ -9,6 +9,8 @@ import logging
 import os
 import platform
 import random
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -165,6 +167,30 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block ends, then deliver it.
+
+    A round's checkpoint and its metrics.jsonl row are written together: an interrupt between the two
+    left a checkpoint whose row was missing (round 0's: no metrics.jsonl at all) until `fedtune resume`.
+    Only the main thread can install a signal handler; elsewhere the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        if callable(previous):
+            previous(*held[0])
+        elif previous != signal.SIG_IGN:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _eval_row(result: EvalResult) -> dict[str, Any]:
@@ -405,8 +431,9 @@ class Runner:
                 if self.cfg.eval.before:
                     row.update(self._evaluate(0, algorithm, fed, server, progress))
                 self.history = [row]
-                self._checkpoint(0, algorithm, fed)
-                self._write_metrics()
+                with deferred_interrupt():
+                    self._checkpoint(0, algorithm, fed)
+                    self._write_metrics()
                 last = 0
             progress.progress.update(progress.rounds_task, completed=last)
             for rnd in range(last + 1, rounds + 1):
@@ -434,8 +461,9 @@ class Runner:
         row["round_seconds"] = round(elapsed, 4)
         row["server_seconds"] = round(max(0.0, elapsed - client_seconds), 4)
         self.history.append(row)
-        self._checkpoint(rnd, algorithm, fed)
-        self._append_metrics(row)
+        with deferred_interrupt():
+            self._checkpoint(rnd, algorithm, fed)
+            self._append_metrics(row)
         progress.end_round(rnd, _round_summary(row))
 
     def _save_artifacts(self, algorithm: Algorithm, server: ServerContext) -> None:

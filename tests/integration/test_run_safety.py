@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import fedtune.runner
 from fedtune.algorithms.base import RoundFailed
-from fedtune.fl.checkpoint import CheckpointDamaged
+from fedtune.fl.checkpoint import CheckpointDamaged, save_checkpoint
 from fedtune.runner import RunDirBusy, run_dir_lock
 from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
 from tests.integration.test_cli_kill_resume import CONFIG, command, env
@@ -71,6 +73,25 @@ def test_cli_reports_a_failed_round_without_a_traceback(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "fed.norm_bound" in done.stderr
+
+
+@pytest.mark.parametrize("after_round", [0, 1])
+def test_ctrl_c_just_after_a_checkpoint_still_writes_its_metrics_row(
+    after_round: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def checkpoint_then_ctrl_c(run_dir: Path, rnd: int, tree: dict, **kwargs: object) -> None:
+        save_checkpoint(run_dir, rnd, tree, **kwargs)  # type: ignore[arg-type]
+        if rnd == after_round:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(fedtune.runner, "save_checkpoint", checkpoint_then_ctrl_c)
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        quiet_runner(tiny_config("fedit", "fed.rounds=3"), run_dir).run()
+
+    # The round whose checkpoint landed has its row in metrics.jsonl, and no later round ran.
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == list(range(after_round + 1))
 
 
 def test_ctrl_c_exits_with_how_to_resume(tmp_path: Path) -> None:
