@@ -101,32 +101,24 @@ def public_batches(tokenizer: Any, examples: int, batch_size: int, seq_len: int,
 
 
 # ---------------------------------------------------------------- models
-def client_models(base: Any, keep_ratio: float) -> dict[str, Any]:
-    """The three client models (no LoRA yet); ``fedpetuning`` is ``base`` itself."""
-    from fedtune.algorithms.fedpft.algorithm import kept_layers
-    from fedtune.models.derive import truncate_layers
-    from fedtune.models.ffn import build_submodel, select_neurons
-    from fedtune.models.surgery import num_decoder_layers
-
-    layers = kept_layers(num_decoder_layers(base), edge=1, drop=0.5)
-    return {
-        "fedpetuning": base,
-        "fedpft": build_submodel(base, select_neurons(base, keep_ratio, [0, -1])),
-        "fedot": truncate_layers(base, list(layers)),
-    }
-
-
-def client_layouts(base: Any) -> dict[str, Any]:
-    """Which layers' LoRA each client model trains: every layer's, except FedOT's (its adapter)."""
+def client_models(base: Any, keep_ratio: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The three client models (no LoRA yet; ``fedpetuning`` is ``base`` itself), and which layers' LoRA
+    each trains: every layer's (layout ``None``), except FedOT's (its adapter)."""
     from fedtune.algorithms.fedpft.algorithm import adapter_layers, kept_layers
     from fedtune.algorithms.fedpft.parts import Layout
-    from fedtune.models.ffn import ffn_widths
+    from fedtune.models.derive import truncate_layers
+    from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
     from fedtune.models.surgery import num_decoder_layers
 
     n, widths = num_decoder_layers(base), ffn_widths(base)
     layers = kept_layers(n, edge=1, drop=0.5)
+    models = {
+        "fedpetuning": base,
+        "fedpft": build_submodel(base, select_neurons(base, keep_ratio, [0, -1])),
+        "fedot": truncate_layers(base, list(layers)),
+    }
     fedot = Layout(n, layers, tuple(widths[i] for i in layers), tuned=adapter_layers(n, edge=1))
-    return {"fedpetuning": None, "fedpft": None, "fedot": fedot}
+    return models, {"fedpetuning": None, "fedpft": None, "fedot": fedot}
 
 
 def token_macs(model: Any, seq_len: int) -> dict[str, int]:
@@ -326,7 +318,7 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
     batches = train_batches(
         tokenizer, args.warmup_steps + args.timed_steps, args.batch_size, args.seq_len, args.seed
     )
-    plain, layouts = client_models(base, args.keep_ratio), client_layouts(base)
+    plain, layouts = client_models(base, args.keep_ratio)
     macs = {variant: token_macs(model, args.seq_len) for variant, model in plain.items()}
     for variant, model in plain.items():
         save_client(model, layouts[variant], workdir / name / variant, batches[: args.probe_steps])
