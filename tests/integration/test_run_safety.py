@@ -85,9 +85,15 @@ def test_ctrl_c_just_after_a_checkpoint_still_writes_its_metrics_row(
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(fedtune.runner, "save_checkpoint", checkpoint_then_ctrl_c)
+    # Started as a background job, the tests inherit SIGINT ignored (and a run then rightly ignores it too):
+    # give this process the handler an interactive Ctrl-C meets.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     run_dir = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        quiet_runner(tiny_config("fedit", "fed.rounds=3"), run_dir).run()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            quiet_runner(tiny_config("fedit", "fed.rounds=3"), run_dir).run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
     # The round whose checkpoint landed has its row in metrics.jsonl, and no later round ran.
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
