@@ -19,8 +19,10 @@ The table gives the final accuracy and macro-F1 of the LoRA + head plugged into 
 (mean ± std over seeds), the sub-model's own accuracy, what a client holds (parameters and the
 simulation's peak RSS, which holds every model of the run), and the MB sent down and up per round;
 then whether the expected ordering FedOT < FedPFT <= FedPETuning holds and whether each
-distillation step helps. Runs are subprocesses, ``--jobs`` at a time with one thread each;
-rerunning resumes unfinished runs and skips finished ones.
+distillation step helps. A plot beside the table (``table-<config name>.png``) shows the same
+accuracies, one panel per dataset and partition, with each seed's value as a dot. Runs are
+subprocesses, ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and
+skips finished ones.
 """
 
 from __future__ import annotations
@@ -217,6 +219,81 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
     )
 
 
+SHORT = {
+    "fedot": "FedOT",
+    "fedpft": "FedPFT",
+    "fedpetuning": "FedPETuning",
+    "no_layer": "w/o layer\ndistillation",
+    "no_neuron": "w/o neuron\ndistillation",
+    "fedpft_rel": "FedPFT\ntoken-relative",
+    "fedot_emu": "FedOT, LoRA\non emulator",
+}
+"""Tick labels of the plot."""
+
+
+def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path: Path) -> Path | None:
+    """One panel per dataset and partition: per method the accuracy of the LoRA + head in the full
+    model and the sub-model's own, mean ± std as a marker with whiskers and each seed as a dot. The
+    axis is zoomed to the data (differences are a few points), so bars would hide them."""
+    from matplotlib.figure import Figure
+
+    def shown(method: str, suffix: str) -> bool:
+        return bool(results.get(f"{method}-{suffix}", {}).get("seeds"))
+
+    panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    figure = Figure(figsize=(1.0 + 4.2 * cols, 0.6 + 3.4 * rows), layout="constrained")
+    grid = figure.subplots(rows, cols, squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for spare in axes[len(panels) :]:
+        spare.set_visible(False)
+    series = (
+        ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
+        ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
+    )
+    for ax, suffix in zip(axes, panels, strict=False):
+        methods = [m for m in LABELS if shown(m, suffix)]
+        for key, shift, colour, marker, label in series:
+            rows = [results[f"{m}-{suffix}"] for m in methods]
+            xs = [i + shift for i in range(len(methods))]
+            ax.errorbar(
+                xs,
+                [r.get(key, np.nan) for r in rows],
+                yerr=[r.get(f"{key}_std", 0.0) for r in rows],
+                fmt=marker,
+                color=colour,
+                capsize=4,
+                markersize=7,
+                label=label,
+            )
+            for x, r in zip(xs, rows, strict=True):
+                seeds = list(r.get(f"{key}_by_seed", {}).values())
+                ax.scatter([x + 0.05] * len(seeds), seeds, s=10, color=colour, alpha=0.45, zorder=3)
+        ax.set_xticks(range(len(methods)), [SHORT[m] for m in methods], fontsize=7.5)
+        ax.set_xlim(-0.5, len(methods) - 0.5)
+        seeds = max(results[f"{m}-{suffix}"]["seeds"] for m in methods)
+        one_class = all(results[f"{m}-{suffix}"]["constant"] for m in methods)
+        dataset, part = suffix.split("-")
+        ax.set_title(
+            f"{dataset}, {part} ({seeds} seed{'s' if seeds != 1 else ''})"
+            + (": every model predicts one class" if one_class else ""),
+            fontsize=9,
+        )
+        ax.grid(True, axis="y", alpha=0.3)
+    for row in grid:
+        row[0].set_ylabel("accuracy (%)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
+    figure.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = table_parser(__doc__)
     default_rows = [row for row in ROWS if row not in ON_DEMAND]
@@ -247,13 +324,9 @@ def main(argv: list[str] | None = None) -> None:
             for future in [pool.submit(run_one, *job) for job in jobs]:
                 future.result()
     results = {key: summarise(paths) for key, paths in dirs.items()}
-    write_table(
-        args.results_dir / f"table-{cfg.name}",
-        markdown(cfg, results, suffixes, command),
-        cfg.name,
-        command,
-        results,
-    )
+    stem = args.results_dir / f"table-{cfg.name}"
+    write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
+    plot(cfg, results, suffixes, stem.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     pft, full = results["fedpft-lexclass-iid"], results["fedpetuning-lexclass-iid"]
     assert pft["seeds"] == 1 and pft["params"]["client_params"] < full["params"]["client_params"]
     assert pft["mb_down_per_round"] < full["mb_down_per_round"]
+    assert (tmp_path / "results" / "table-fedpft-tiny.png").read_bytes().startswith(b"\x89PNG")
     fedpft_table.main([*argv, "--table-only"])
 
 
