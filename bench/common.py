@@ -173,6 +173,25 @@ def write_results(
     return path
 
 
+def earlier_results(stem: Path) -> dict[str, Any]:
+    """The per-row results of a table's previous write (``<stem>.json``), or {} when there is none."""
+    path = stem.with_suffix(".json")
+    if not path.is_file():
+        return {}
+    try:
+        results = json.loads(path.read_text())["results"]
+    except (ValueError, KeyError, TypeError) as error:
+        message = f"{path}: not a table's results file ({error}); move it away or drop --keep-earlier"
+        raise SystemExit(message) from error
+    return results if isinstance(results, dict) else {}
+
+
+def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:
+    """The seeds asked for that have no finished run here but a value of ``key`` in ``earlier``."""
+    have = set(done)
+    return [seed for seed in wanted if seed not in have and seed in earlier.get(f"{key}_by_seed", {})]
+
+
 def write_table(stem: Path, text: str, config: str, command: str, results: Any) -> None:
     """A paper-table script's output: ``<stem>.md`` (what it prints) and ``<stem>.json`` (the numbers)."""
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
     python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --partitions pathological dirichlet
     python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --rows fit perfit_s0.5 --seeds 0 1 2
     python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --table-only
+    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --seeds 0 1 2 --keep-earlier  # runs lost
 
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s<seed>``):
 - ``fit``: FIT = FedIT with the budget rank r on the same modules (the same trainable count),
@@ -21,6 +22,8 @@ Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s
 The table gives the final personalised perplexity (mean over clients, then mean ± std over seeds),
 its example-weighted variant, MB up and down per round, and checks PerFIT < FIT. A plot of the
 masks of one PerFIT run (kept share per layer and module, overlap between clients) goes beside it.
+With ``--keep-earlier``, a seed whose run directory is gone (made on another machine) keeps the
+value the table's previous ``.json`` recorded, and the table lists every seed so kept.
 Runs are subprocesses (``python -m fedtune``), ``--jobs`` at a time with one thread each; rerunning
 resumes unfinished runs and skips finished ones.
 """
@@ -39,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, table_parser, write_table
+from bench.common import carried_seeds, earlier_results, markdown_table, table_parser, write_table
 
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
@@ -101,8 +104,12 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def summarise(run_dirs: list[Path]) -> dict[str, Any]:
-    """Final personalised perplexity over seeds, per-client values of the first seed, traffic."""
+def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Final personalised perplexity over seeds, per-client values of the first seed, traffic.
+
+    With ``earlier`` (this row's entry in the table's previous results file), a seed asked for whose
+    run is not here keeps the value that file recorded for it; ``carried_seeds`` lists those seeds.
+    """
     finals = {}
     for run_dir in run_dirs:
         rows = read_rows(run_dir)
@@ -111,16 +118,27 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         evaluated = [r for r in rows if METRIC in r.get("eval", {})]
         if evaluated and evaluated[-1]["round"] > 0:
             finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]
-    out: dict[str, Any] = {"seeds": len(finals)}
-    if not finals:
+    earlier = earlier or {}
+    wanted = [d.name.rsplit("-s", 1)[-1] for d in run_dirs]
+    carried = carried_seeds(earlier, METRIC, wanted, finals)
+    out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
+    if not out["seeds"]:
         return out
     for key in (METRIC, f"{METRIC}_weighted", ROUGE):
         values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
+        before = earlier.get(f"{key}_by_seed", {})
+        values.update({seed: before[seed] for seed in carried if seed in before})
         if not values:
             continue
+        values = {seed: values[seed] for seed in sorted(values, key=int)}
         out[key] = float(np.mean(list(values.values())))
         out[f"{key}_std"] = float(np.std(list(values.values())))
         out[f"{key}_by_seed"] = values
+    if carried:
+        out["carried_seeds"] = carried
+    if not finals:  # every seed carried: so are the facts read off a run
+        kept = ("by_client", "mb_up_per_round", "mb_down_per_round", "before")
+        return out | {key: earlier[key] for key in kept if key in earlier}
     first = next(iter(finals.values()))
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
     done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
@@ -203,8 +221,20 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),
+            *_carried_note(results),
         ]
     )
+
+
+def _carried_note(results: dict[str, dict[str, Any]]) -> list[str]:
+    carried = {key: r["carried_seeds"] for key, r in results.items() if r.get("carried_seeds")}
+    if not carried:
+        return []
+    lines = ["", "Seeds kept from this table's previous results file (their runs are not in --runs-dir):"]
+    for key, seeds in carried.items():
+        row, part = key.rsplit("-", 1)
+        lines.append(f"- {LABELS[row]}, {part}: seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}")
+    return lines
 
 
 def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
@@ -287,6 +317,12 @@ def main(argv: list[str] | None = None) -> None:
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
+    parser.add_argument(
+        "--keep-earlier",
+        action="store_true",
+        help="a seed whose run is not in --runs-dir keeps the value the table's previous results file"
+        " recorded (for runs made on another machine); the table names every seed so kept",
+    )
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 
@@ -308,12 +344,16 @@ def main(argv: list[str] | None = None) -> None:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for future in [pool.submit(run_one, *job) for job in jobs]:
                 future.result()
-    results = {key: summarise(paths) for key, paths in dirs.items()}
-    text = markdown(cfg, results, args.partitions, command)
     stem = args.results_dir / f"table-{cfg.name}"
+    earlier = earlier_results(stem) if args.keep_earlier else {}
+    results = {key: summarise(paths, earlier.get(key)) for key, paths in dirs.items()}
+    text = markdown(cfg, results, args.partitions, command)
     perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
-    if perfit_runs:
-        results["masks"] = mask_plot(perfit_runs[0], stem.with_name(stem.name + "-masks.png"))
+    here = [p for p in perfit_runs if read_rows(p)]
+    if here:
+        results["masks"] = mask_plot(here[0], stem.with_name(stem.name + "-masks.png"))
+    elif "masks" in earlier:  # the plot on disk is still that of the earlier run
+        results["masks"] = earlier["masks"]
     write_table(stem, text, cfg.name, command, results)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from bench import perfit_table
 
 from tests.integration.helpers import ROOT
@@ -29,3 +30,57 @@ def test_table_runs_rows_tabulates_and_plots_masks(tmp_path: Path) -> None:
     assert masks["modules"] == ["k_proj", "q_proj", "v_proj"] and len(masks["overlap"]) == 4
     assert (tmp_path / "results" / "table-perfit-tiny-masks.png").read_bytes().startswith(b"\x89PNG")
     perfit_table.main([*argv, "--table-only"])
+
+
+def _fake_run(path: Path, ppl: float, rounds: int = 2) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"fed:\n  rounds: {rounds}\n")
+    rows = [
+        {"round": 0, "eval": {perfit_table.METRIC: 20.0}},
+        {"round": rounds, "bytes_up": 3e6, "bytes_down": 1e6, "eval": {perfit_table.METRIC: ppl}},
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_keep_earlier_fills_only_the_seeds_asked_for_whose_runs_are_missing(tmp_path: Path) -> None:
+    runs = [tmp_path / f"perfit_s0.5-pathological-s{seed}" for seed in (0, 1, 2)]
+    _fake_run(runs[1], 10.0)
+    _fake_run(tmp_path / "unfinished", 1.0)  # not a seed of the table
+    earlier = {
+        f"{perfit_table.METRIC}_by_seed": {"0": 12.0, "1": 99.0, "7": 1.0},
+        "by_client": {"c00": 5.0},
+        "mb_up_per_round": 8.0,
+    }
+    alone = perfit_table.summarise(runs)
+    assert alone["seeds"] == 1 and alone[perfit_table.METRIC] == 10.0 and "carried_seeds" not in alone
+    result = perfit_table.summarise(runs, earlier)
+    # seed 0 is carried, seed 1's own run wins over the earlier 99, seed 2 has neither, seed 7 was not asked
+    assert result["carried_seeds"] == ["0"] and result["seeds"] == 2
+    assert result[f"{perfit_table.METRIC}_by_seed"] == {"0": 12.0, "1": 10.0}
+    assert result[perfit_table.METRIC] == 11.0 and result[f"{perfit_table.METRIC}_std"] == 1.0
+    assert result["mb_up_per_round"] == 3.0 and result["before"] == 20.0  # read off the run here
+    only_earlier = perfit_table.summarise(runs[:1], earlier)
+    assert only_earlier["seeds"] == 1 and only_earlier["carried_seeds"] == ["0"]
+    assert only_earlier["by_client"] == {"c00": 5.0} and only_earlier["mb_up_per_round"] == 8.0
+
+
+def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    key = "perfit_s0.5-pathological"
+    earlier = {key: {f"{perfit_table.METRIC}_by_seed": {"0": 12.0, "1": 14.0}, "mb_up_per_round": 1.0}}
+    earlier[key] |= {"mb_down_per_round": 1.0, "before": 20.0}
+    (results_dir / "table-perfit-tiny.json").write_text(json.dumps({"results": {**earlier, "masks": {}}}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--rows", "perfit_s0.5", "--seeds", "0", "1", "--table-only"]
+    perfit_table.main([*argv, "--keep-earlier"])
+    table = (results_dir / "table-perfit-tiny.md").read_text()
+    assert "| PerFIT s = 0.5 | pathological | 20.00 | 13.00 ± 1.00 |" in table
+    assert "- PerFIT s = 0.5, pathological: seeds 0, 1" in table and "--keep-earlier" in table
+    perfit_table.main(argv)  # without the flag nothing is kept: no runs, no row
+    assert "| PerFIT s = 0.5 |" not in (results_dir / "table-perfit-tiny.md").read_text()
+    (results_dir / "table-perfit-tiny.json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"table-perfit-tiny\.json: not a table's results file"):
+        perfit_table.main([*argv, "--keep-earlier"])
