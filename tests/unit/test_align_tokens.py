@@ -68,3 +68,19 @@ def test_special_tokens_stay_as_they_are() -> None:
 
 def test_display_token_escapes_control_characters_and_lone_bytes() -> None:
     assert display_token(" a\n\udcc3") == " a\\n\\xc3"
+
+
+def test_a_tokenizer_pipeline_is_read_once_not_per_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reading the pipeline means parsing the tokenizer's whole JSON (2 s for Gemma-3's 262k
+    # vocabulary): FedMKT's public views call token_strings once per public example.
+    from fedtune.align import tokens
+
+    reads = []
+    real = tokens._family_of_pipeline
+    monkeypatch.setattr(tokens, "_family_of_pipeline", lambda spec: reads.append(1) or real(spec))
+    first, second = tiny_tokenizer("bpe"), tiny_tokenizer("spm")
+    for _ in range(3):
+        token_strings(first, [1, 2, 3])
+        token_strings(second, [1, 2, 3])
+    assert tokenizer_family(first) == "byte-level" and tokenizer_family(second) == "sentencepiece"
+    assert len(reads) == 2

@@ -22,8 +22,10 @@ as they are.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Literal
@@ -94,9 +96,23 @@ def _family_of_pipeline(spec: dict[str, Any]) -> TokenizerFamily | None:
     return None
 
 
+# Per tokenizer object: detecting the family parses the tokenizer's whole JSON (about 2 s for
+# Gemma-3's 262k vocabulary), and `token_strings` runs once per sequence.
+_FAMILIES: weakref.WeakKeyDictionary[Any, TokenizerFamily] = weakref.WeakKeyDictionary()
+
+
 def tokenizer_family(tokenizer: Any) -> TokenizerFamily:
     """The family of a Hugging Face tokenizer: from its fast pipeline when it has one, else from
-    which marker its vocabulary uses most."""
+    which marker its vocabulary uses most. Detected once per tokenizer object."""
+    with contextlib.suppress(KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        return _FAMILIES[tokenizer]
+    family = _detect_family(tokenizer)
+    with contextlib.suppress(TypeError):
+        _FAMILIES[tokenizer] = family
+    return family
+
+
+def _detect_family(tokenizer: Any) -> TokenizerFamily:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         found = _family_of_pipeline(json.loads(backend.to_str()))
