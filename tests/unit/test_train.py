@@ -10,7 +10,7 @@ from fedtune.data.tokenize import IGNORE_INDEX, batch_indices, collate, encode_e
 from fedtune.models.lora import adapter_arrays, attach_lora, load_adapter
 from fedtune.models.tiny import tiny_model
 from fedtune.train.loop import train_local
-from fedtune.train.losses import causal_lm_nll, proximal_term, response_nll
+from fedtune.train.losses import causal_lm_nll, head_at_positions, proximal_term, response_nll
 from fedtune.train.optim import build_optimizer, schedule_factor
 
 
@@ -145,10 +145,42 @@ def test_adapter_state_round_trip_and_shape_check() -> None:
         load_adapter(model, {})
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def tiny_gemma(cap: float | None, family: str = "gemma3_text") -> tuple[torch.nn.Module, object]:
+    """A tiny random Gemma (2 or 3) causal LM on the tiny llama tokenizer; ``cap``: its logit soft-capping."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _, tok = tiny_model("llama")
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        final_logit_softcapping=cap,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(config), tok
+
+
+TARGETS = {"gemma2-capped": ["q_proj", "v_proj"]}
+
+
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "gpt2", "gemma3-uncapped", "gemma3-capped", "gemma2-capped"]
+)
 def test_response_nll_equals_the_full_logits_loss(arch: str) -> None:
-    model, tok = tiny_model(arch, seed=1)
-    peft_model = attach_lora(model, r=4, alpha=8, dropout=0.0, seed=0)
+    if arch.startswith("gemma"):
+        family, capping = arch.split("-")
+        model, tok = tiny_gemma(0.5 if capping == "capped" else None, family.replace("3", "3_text"))
+        assert head_at_positions(model) is not None  # the fast path, not the fallback
+    else:
+        model, tok = tiny_model(arch, seed=1)
+    peft_model = attach_lora(model, r=4, alpha=8, dropout=0.0, seed=0, target_modules=TARGETS.get(arch))
     examples = encode_records(
         [Record("define x", "a letter"), Record("q", "longer answer here")], tok, "alpaca", 96
     )

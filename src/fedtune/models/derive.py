@@ -67,7 +67,7 @@ from fedtune.data.tokenize import Example, make_batches
 from fedtune.decode.generate import evaluating
 from fedtune.models.loading import DERIVED_DIR, DERIVED_MARKER, load_causal_lm
 from fedtune.models.zoo import default_cache_dir, zoo_names
-from fedtune.train.losses import PLAIN_HEAD_FAMILIES, distillation_kl, response_nll
+from fedtune.train.losses import distillation_kl, head_at_positions, response_nll
 from fedtune.train.optim import build_optimizer, schedule_factor
 
 # Where each supported family keeps its decoder layers (owner module, attribute).
@@ -167,8 +167,8 @@ def position_logits(model: nn.Module, batch: Batch) -> Tensor:
     mask = batch["attention_mask"].bool()
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
     causal_lm: Any = model
-    head = causal_lm.get_output_embeddings()
-    if causal_lm.config.model_type in PLAIN_HEAD_FAMILIES and head is not None:
+    head = head_at_positions(causal_lm)
+    if head is not None:
         hidden = causal_lm.get_decoder()(**inputs).last_hidden_state
         logits: Tensor = head(hidden[mask])
         return logits

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,31 @@ def causal_lm_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Ten
 
 # Families whose logits are exactly lm_head(final hidden state): no soft-capping, no logit scale.
 PLAIN_HEAD_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gpt2"})
+# Families whose logits are lm_head(final hidden state), then tanh soft-capping where the config's
+# ``final_logit_softcapping`` is set (Gemma 2; Gemma 1 and Gemma 3 leave it unset).
+CAPPED_HEAD_FAMILIES = frozenset({"gemma", "gemma2", "gemma3_text"})
+
+
+def head_at_positions(model: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The map from the decoder's final hidden states to ``model``'s logits, when running it on
+    chosen positions only gives the same logits as the full forward; None otherwise.
+
+    ``model`` is the bare causal LM (unwrap a PEFT model first): ``model.get_decoder()`` then gives
+    the hidden states that this map takes.
+    """
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or family not in PLAIN_HEAD_FAMILIES | CAPPED_HEAD_FAMILIES:
+        return None
+    cap = getattr(config, "final_logit_softcapping", None) if family in CAPPED_HEAD_FAMILIES else None
+    if not cap:
+        return cast(Callable[[torch.Tensor], torch.Tensor], head)
+
+    def capped(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(head(hidden) / cap) * cap
+
+    return capped
 
 
 def labelled_logits(
@@ -35,16 +60,15 @@ def labelled_logits(
 
     Returns ``(logits [N, V], targets [N])`` for the ``N`` positions ``t`` with
     ``labels[t + 1] != -100``, in row-major order. The [B, T, V] logits (V = 49k for SmolLM2) are
-    never built: the LM head runs only at those positions. Families whose head is not a plain
-    linear map fall back to the full logits.
+    never built: the LM head runs only at those positions. Families without `head_at_positions`
+    fall back to the full logits.
     """
     wrapped: Any = model
     base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
-    config = getattr(base, "config", None)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = head_at_positions(base)
     labels = batch["labels"][:, 1:]
     mask = labels != -100
-    if getattr(config, "model_type", None) not in PLAIN_HEAD_FAMILIES or head is None:
+    if head is None:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         return logits[:, :-1][mask], labels[mask]
     hidden = base.get_decoder()(

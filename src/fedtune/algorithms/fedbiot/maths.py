@@ -24,7 +24,7 @@ from fedtune.models.surgery import (
     set_trainable,
     unwrap,
 )
-from fedtune.train.losses import PLAIN_HEAD_FAMILIES, emulator_alignment_loss
+from fedtune.train.losses import emulator_alignment_loss, head_at_positions
 
 Batch = dict[str, Tensor]
 
@@ -67,8 +67,8 @@ def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -
         "use_cache": False,
         "output_hidden_states": True,
     }
-    head = causal.get_output_embeddings()
-    if causal.config.model_type in PLAIN_HEAD_FAMILIES and head is not None:
+    head = head_at_positions(causal)
+    if head is not None:
         out = causal.get_decoder()(**inputs)
         return out.hidden_states[hidden_index][mask], head(out.last_hidden_state[mask])
     out = causal(**inputs)
