@@ -136,7 +136,9 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         out[f"{key}_by_seed"] = values
     if carried:
         out["carried_seeds"] = carried
-    if not finals:  # every seed carried: so are the facts read off a run
+    if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
+        # the row's first seed is carried: so are the facts read off its run (the previous table
+        # took them from its own first seed)
         kept = ("by_client", "mb_up_per_round", "mb_down_per_round", "before")
         return out | {key: earlier[key] for key in kept if key in earlier}
     first = next(iter(finals.values()))
@@ -349,9 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     results = {key: summarise(paths, earlier.get(key)) for key, paths in dirs.items()}
     text = markdown(cfg, results, args.partitions, command)
     perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
-    here = [p for p in perfit_runs if read_rows(p)]
-    if here:
-        results["masks"] = mask_plot(here[0], stem.with_name(stem.name + "-masks.png"))
+    finished = [p for p in perfit_runs if (rows := read_rows(p)) and _finished(p, rows)]
+    if finished:  # a run still going may hold no masks yet
+        results["masks"] = mask_plot(finished[0], stem.with_name(stem.name + "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
     write_table(stem, text, cfg.name, command, results)
