@@ -18,13 +18,15 @@ normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed
 Every model is scored on the same test examples (``fedmkt.slm_eval: test``); an SLM's cell is the mean
 over the clients holding it. The table gives mean ± std over seeds, MB up / down per round and the
 client's peak memory, and checks the paper's ordering (SLMs: Zero-shot < Standalone < FedMKT; LLM:
-Zero-shot < FedMKT ≈ Centralized). Runs are subprocesses, ``--jobs`` at a time with one thread each;
-rerunning resumes unfinished runs and skips finished ones.
+Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed; ``table-<config>.png`` shows the same
+cells with each seed as a dot. Runs are subprocesses, ``--jobs`` at a time with one thread each;
+rerunning resumes unfinished runs and skips finished ones. With ``--keep-earlier`` a seed asked for
+whose run is not in ``--runs-dir`` keeps its value from the table's previous ``.json`` (cell by cell;
+runs here win), and the table names every seed so kept.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.common import earlier_results, markdown_table, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 DATASETS: dict[str, list[str]] = {
@@ -135,90 +137,142 @@ def fedit_score(run_dir: Path, metric: str) -> float | None:
 def collect(
     cfg: Any, root: Path, dataset: str, setting: str, seeds: list[int], metric: str
 ) -> dict[str, Any]:
-    """Row -> column (llm / SLM name / traffic) -> values over seeds."""
-    table: dict[str, dict[str, list[float]]] = {}
+    """Row -> column (llm / SLM name / traffic) -> seed -> value, from the finished runs here."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
 
-    def add(row: str, values: dict[str, float] | None) -> None:
+    def add(row: str, seed: int, values: dict[str, float] | None) -> None:
         for key, value in (values or {}).items():
-            table.setdefault(row, {}).setdefault(key, []).append(value)
+            table.setdefault(row, {}).setdefault(key, {})[str(seed)] = value
 
     for seed in seeds:
         for row, rnd in (("zeroshot", 0), ("fedmkt", None)):
-            add(row, scores(cfg, setting, root / f"{dataset}-{setting}-fedmkt-s{seed}", metric, rnd))
-        add(
-            "standalone", scores(cfg, setting, root / f"{dataset}-{setting}-standalone-s{seed}", metric, None)
-        )
-        if "standalone" in table:
-            table["standalone"].pop("llm", None)  # the LLM does not train: its zero-shot score
+            add(row, seed, scores(cfg, setting, root / f"{dataset}-{setting}-fedmkt-s{seed}", metric, rnd))
+        alone = scores(cfg, setting, root / f"{dataset}-{setting}-standalone-s{seed}", metric, None)
+        add("standalone", seed, {k: v for k, v in (alone or {}).items() if k != "llm"})  # LLM untrained
         if setting == "one":
-            add("llm2slm", scores(cfg, setting, root / f"{dataset}-one-llm2slm-s{seed}", metric, None))
+            add("llm2slm", seed, scores(cfg, setting, root / f"{dataset}-one-llm2slm-s{seed}", metric, None))
         if setting == "homo":
             value = fedit_score(root / f"{dataset}-homo-fedavg-s{seed}", metric)
-            add("fedavg", None if value is None else {cfg.fedmkt.clients[0]: value})
+            add("fedavg", seed, None if value is None else {cfg.fedmkt.clients[0]: value})
         centralized = {"llm": fedit_score(root / f"{dataset}-centralized-llm-s{seed}", metric)}
         for name in slms(cfg, setting):
             centralized[name] = fedit_score(root / f"{dataset}-centralized-{name}-s{seed}", metric)
-        add("centralized", {k: v for k, v in centralized.items() if v is not None})
+        add("centralized", seed, {k: v for k, v in centralized.items() if v is not None})
     return table
 
 
-def cell(values: list[float] | None, scale: float = 100.0) -> str:
-    if not values:
+def keep_earlier(table: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> dict[str, list[str]]:
+    """Fill ``table`` with the seeds asked for that have no finished run here but a value in ``earlier``
+    (the same table's previous results), cell by cell; return row -> the seeds so kept."""
+    carried: dict[str, set[str]] = {}
+    for row, columns in earlier.items():
+        if row not in LABELS or not isinstance(columns, dict):
+            continue
+        for column, by_seed in columns.items():
+            here = table.setdefault(row, {}).setdefault(column, {})
+            for seed in map(str, seeds):
+                if seed not in here and seed in by_seed:
+                    here[seed] = float(by_seed[seed])
+                    carried.setdefault(row, set()).add(seed)
+            if not here:
+                del table[row][column]
+        if not table[row]:
+            del table[row]
+    return {row: sorted(found, key=int) for row, found in carried.items()}
+
+
+def cell(by_seed: dict[str, float] | None, scale: float = 100.0) -> str:
+    if not by_seed:
         return "-"
+    values = list(by_seed.values())
     text = f"{scale * np.mean(values):.1f}"
     return text + (f" ± {scale * np.std(values):.1f}" if len(values) > 1 else "")
 
 
 def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
+    """The paper's orderings on the means, and on each seed that has every row involved."""
+
     def mean(row: str, key: str) -> float | None:
         values = table.get(row, {}).get(key)
-        return float(np.mean(values)) if values else None
+        return float(np.mean(list(values.values()))) if values else None
+
+    def per_seed(rows: list[str], key: str) -> list[list[float]]:
+        columns = [table.get(row, {}).get(key, {}) for row in rows]
+        common = sorted(set.intersection(*(set(c) for c in columns)), key=int)
+        return [[c[seed] for c in columns] for seed in common]
+
+    def seeds_note(values: list[list[float]], holds: Any) -> str:
+        if len(values) < 2:
+            return ""
+        return f", in {sum(bool(holds(*v)) for v in values)} of {len(values)} seeds"
 
     lines = []
     for name in names:
         zero, alone, mkt = mean("zeroshot", name), mean("standalone", name), mean("fedmkt", name)
         if zero is not None and alone is not None and mkt is not None:
-            holds = zero < alone < mkt
+            rising = lambda a, b, c: a < b < c  # noqa: E731
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
-                f"{100 * mkt:.1f}: **{'holds' if holds else 'does not hold'}**"
+                f"{100 * mkt:.1f}: **{'holds' if rising(zero, alone, mkt) else 'does not hold'}**"
+                + seeds_note(per_seed(["zeroshot", "standalone", "fedmkt"], name), rising)
             )
     zero, mkt, central = mean("zeroshot", "llm"), mean("fedmkt", "llm"), mean("centralized", "llm")
-    if zero is not None and mkt is not None and central is not None:
+    if zero is not None and mkt is not None:
+        above = lambda a, b: a < b  # noqa: E731
+        against = "" if central is None else f" (Centralized {100 * central:.1f}, FedMKT - Centralized "
+        against += "" if central is None else f"{100 * (mkt - central):+.1f})"
         lines.append(
-            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f} (Centralized {100 * central:.1f}): "
-            f"**{'holds' if zero < mkt else 'does not hold'}**"
+            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}: "
+            f"**{'holds' if above(zero, mkt) else 'does not hold'}**"
+            + seeds_note(per_seed(["zeroshot", "fedmkt"], "llm"), above)
         )
     return lines
 
 
 def markdown(
-    cfg: Any, root: Path, datasets: list[str], chosen: list[str], seeds: list[int], command: str
+    cfg: Any,
+    root: Path,
+    datasets: list[str],
+    chosen: list[str],
+    seeds: list[int],
+    command: str,
+    earlier: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> per seed."""
+    """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> seed -> value
+    (and ``carried``: ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
     metric = cfg.eval.metrics[0]
     parts = [
         f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
         "",
     ]
     results: dict[str, Any] = {}
+    carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
         data_metric = "rougeL" if dataset == "instruct" else metric
         for setting in chosen:
+            key = f"{dataset}-{setting}"
             names = slms(cfg, setting)
             table = collect(cfg, root, dataset, setting, seeds, data_metric)
-            results[f"{dataset}-{setting}"] = table
+            if earlier is not None:
+                kept = keep_earlier(table, earlier.get(key, {}), seeds)
+                if kept:
+                    carried[key] = kept
+            if not table:
+                continue
+            results[key] = table
             rows = []
             for row, label in LABELS.items():
                 if row not in table:
                     continue
                 values = table[row]
-                traffic = (
-                    f"{np.mean(values['mb_up']):.2f} / {np.mean(values['mb_down']):.2f}"
-                    if "mb_up" in values
+                mb_up = np.mean(list(values["mb_up"].values())) if "mb_up" in values else None
+                mb_down = np.mean(list(values["mb_down"].values())) if "mb_down" in values else None
+                traffic = "-" if mb_up is None else f"{mb_up:.2f} / {mb_down:.2f}"
+                memory = (
+                    f"{np.mean(list(values['client_peak_mb'].values())):.0f}"
+                    if "client_peak_mb" in values
                     else "-"
                 )
-                memory = f"{np.mean(values['client_peak_mb']):.0f}" if "client_peak_mb" in values else "-"
                 seeds_done = max((len(v) for v in values.values()), default=0)
                 rows.append(
                     [
@@ -238,42 +292,106 @@ def markdown(
                 ),
                 "",
                 *ordering(table, names),
+                *(
+                    [f"- Seeds kept from this table's previous results file (runs not in {root}): "]
+                    if key in carried
+                    else []
+                ),
+                *(f"  - {LABELS[row]}: {', '.join(kept)}" for row, kept in carried.get(key, {}).items()),
                 "",
             ]
     parts.append(f"Command: `{command}`")
+    if carried:
+        results["carried"] = carried
     return "\n".join(parts), results
 
 
+def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
+    """One panel per dataset and setting: per row the LLM's and each SLM's score, mean ± std as a marker
+    with whiskers and each seed as a faint dot (differences are a few points: bars would hide them)."""
+    from matplotlib.figure import Figure
+
+    panels = [key for key in results if key != "carried"]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    lines = -(-len(panels) // cols)
+    figure = Figure(figsize=(1.0 + 4.6 * cols, 0.8 + 3.4 * lines), layout="constrained")
+    grid = figure.subplots(lines, cols, squeeze=False)
+    axes = [ax for line in grid for ax in line]
+    for spare in axes[len(panels) :]:
+        spare.set_visible(False)
+    models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    markers = ["o", "s", "^", "D", "v"]
+    for ax, key in zip(axes, panels, strict=False):
+        table = results[key]
+        rows = [row for row in LABELS if row in table]
+        shown = [m for m in models if any(m in table[row] for row in rows)]
+        for index, model in enumerate(shown):
+            shift = (index - (len(shown) - 1) / 2) * 0.16
+            xs, means, stds, dots = [], [], [], []
+            for x, row in enumerate(rows):
+                values = list(table[row].get(model, {}).values())
+                if values:
+                    xs.append(x + shift)
+                    means.append(100 * np.mean(values))
+                    stds.append(100 * np.std(values))
+                    dots += [(x + shift + 0.04, 100 * v) for v in values]
+            label = "LLM" if model == "llm" else model
+            colour, marker = colours[index % len(colours)], markers[index % len(markers)]
+            ax.errorbar(xs, means, yerr=stds, fmt=marker, color=colour, capsize=4, markersize=7, label=label)
+            if dots:
+                ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
+        ax.set_xticks(range(len(rows)), [LABELS[row] for row in rows], fontsize=7.5)
+        ax.set_xlim(-0.5, len(rows) - 0.5)
+        seeds = max(len(v) for row in rows for v in table[row].values())
+        dataset, setting = key.rsplit("-", 1)
+        ax.set_title(f"{dataset}, {setting} ({seeds} seed{'s' if seeds != 1 else ''})", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    for line in grid:
+        line[0].set_ylabel("score x 100 (acc or Rouge-L)")
+    figure.suptitle(f"{cfg.name}: mean ± std over seeds; faint dots: each seed", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path)
+    parser = table_parser(__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=["hetero", "homo", "one"])
     parser.add_argument("--datasets", nargs="+", default=["wic"], choices=list(DATASETS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--table-only", action="store_true")
+    parser.add_argument(
+        "--keep-earlier",
+        action="store_true",
+        help="a seed asked for whose run is not in --runs-dir keeps the value of the table's previous "
+        "results file (named under the table)",
+    )
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 
     cfg = load_config(args.config)
     root = args.runs_dir / cfg.name
+    stem = args.results_dir / f"table-{cfg.name}"
+    earlier = earlier_results(stem) if args.keep_earlier else None
     if not args.table_only:
         planned: dict[str, list[str]] = {}
         for dataset in args.datasets:
             for setting in args.settings:
                 for name, overrides in runs(cfg, dataset, setting).items():
                     for seed in args.seeds:
-                        planned[f"{name}-s{seed}"] = [*overrides, f"seed={seed}"]
+                        planned[f"{name}-s{seed}"] = [*overrides, *args.set, f"seed={seed}"]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = [pool.submit(run_one, args.config, o, root / name) for name, o in planned.items()]
             for future in futures:
                 future.result()
     command = "python bench/fedmkt_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command)
-    write_table(args.results_dir / f"table-{cfg.name}", text, str(args.config), command, results)
-    print(text)
+    text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
+    write_table(stem, text, str(args.config), command, results)
+    figure = plot(cfg, results, stem.with_name(stem.name + ".png"))
+    if figure is not None:
+        print(f"plot: {figure}")
 
 
 if __name__ == "__main__":

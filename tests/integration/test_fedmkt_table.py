@@ -31,7 +31,54 @@ def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path)
     cells = results["instruct-one"]
     slm = raw["fedmkt"]["clients"][0]
     for row in ("zeroshot", "fedmkt", "llm2slm", "centralized"):
-        assert len(cells[row]["llm"]) == 1 and 0.0 <= cells[row]["llm"][0] <= 1.0, row
-        assert len(cells[row][slm]) == 1, row
-    assert "llm" not in cells["standalone"] and len(cells["standalone"][slm]) == 1
-    assert cells["fedmkt"]["mb_up"][0] > 0
+        assert set(cells[row]["llm"]) == {"0"} and 0.0 <= cells[row]["llm"]["0"] <= 1.0, row
+        assert set(cells[row][slm]) == {"0"}, row
+    assert "llm" not in cells["standalone"] and set(cells["standalone"][slm]) == {"0"}
+    assert cells["fedmkt"]["mb_up"]["0"] > 0
+    assert (tmp_path / "results" / "table-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:
+    table = {"fedmkt": {"llm": {"1": 0.6}}}
+    earlier = {
+        "fedmkt": {"llm": {"0": 0.5, "1": 0.9, "7": 0.1}, "slm": {"0": 0.4}},
+        "centralized": {"llm": {"2": 0.8}},
+        "not-a-row": {"llm": {"0": 1.0}},
+    }
+    carried = fedmkt_table.keep_earlier(table, earlier, [0, 1])
+    # seed 1's run here wins over the earlier 0.9, seed 7 was not asked for, seed 2 neither
+    assert table == {"fedmkt": {"llm": {"1": 0.6, "0": 0.5}, "slm": {"0": 0.4}}}
+    assert carried == {"fedmkt": ["0"]}
+
+
+def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
+    table = {
+        "zeroshot": {"s": {"0": 0.50, "1": 0.50}, "llm": {"0": 0.4, "1": 0.4}},
+        "standalone": {"s": {"0": 0.55, "1": 0.60}},
+        "fedmkt": {"s": {"0": 0.60, "1": 0.58}, "llm": {"0": 0.5, "1": 0.3}},
+        "centralized": {"llm": {"0": 0.5}},
+    }
+    lines = fedmkt_table.ordering(table, ["s"])
+    assert lines[0] == "- s: Zero-shot 50.0 < Standalone 57.5 < FedMKT 59.0: **holds**, in 1 of 2 seeds"
+    assert lines[1] == (
+        "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0, FedMKT - Centralized -10.0): "
+        "**does not hold**, in 1 of 2 seeds"
+    )
+
+
+def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
+    earlier = {"wic-one": {"fedmkt": {"llm": {"0": 0.5, "1": 0.7}, slm: {"0": 0.6}}}}
+    (results_dir / "table-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--results-dir", str(results_dir), "--settings", "one", "--seeds", "0", "1", "--table-only"]
+    fedmkt_table.main([*argv, "--keep-earlier"])
+    table = (results_dir / "table-fedmkt-tiny.md").read_text()
+    assert "| FedMKT | 60.0 ± 10.0 | 60.0 | - | - | 2 |" in table
+    assert "  - FedMKT: 0, 1" in table
+    saved = json.loads((results_dir / "table-fedmkt-tiny.json").read_text())["results"]
+    assert saved["carried"] == {"wic-one": {"fedmkt": ["0", "1"]}}
+    fedmkt_table.main(argv)  # without the flag nothing is kept: no runs, no table
+    assert "| FedMKT |" not in (results_dir / "table-fedmkt-tiny.md").read_text()
