@@ -105,7 +105,7 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Final personalised perplexity over seeds, per-client values of the first seed, traffic.
+    """Final personalised perplexity over seeds; per-client values and traffic of the smallest seed.
 
     With ``earlier`` (this row's entry in the table's previous results file), a seed asked for whose
     run is not here keeps the value that file recorded for it; ``carried_seeds`` lists those seeds.
@@ -141,9 +141,10 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         # took them from its own first seed)
         kept = ("by_client", "mb_up_per_round", "mb_down_per_round", "before")
         return out | {key: earlier[key] for key in kept if key in earlier}
-    first = next(iter(finals.values()))
+    first_seed = min(finals, key=int)  # as above: the row's facts are those of its smallest seed
+    first = finals[first_seed]
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
-    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
+    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] == first_seed)
     rows = [r for r in read_rows(done) if r.get("round", 0) > 0]
     out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 1e6
     out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 1e6

@@ -88,3 +88,14 @@ def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
     (results_dir / "table-perfit-tiny.json").write_text("{not json")
     with pytest.raises(SystemExit, match=r"table-perfit-tiny\.json: not a table's results file"):
         perfit_table.main([*argv, "--keep-earlier"])
+
+
+def test_a_rows_facts_come_from_its_smallest_seed_whatever_the_order_asked(tmp_path: Path) -> None:
+    runs = [_fake_run(tmp_path / "perfit_s0.5-pathological-s1", 10.0)]
+    runs.append(_fake_run(tmp_path / "perfit_s0.5-pathological-s0", 12.0))
+    rows = (runs[1] / "metrics.jsonl").read_text().replace('"bytes_up": 3000000.0', '"bytes_up": 5000000.0')
+    (runs[1] / "metrics.jsonl").write_text(rows)
+    result = perfit_table.summarise(runs)
+    # seed 0 decides the row's facts, as it does when "carried or not" is decided
+    assert result["mb_up_per_round"] == 5.0
+    assert perfit_table.summarise(runs, {f"{perfit_table.METRIC}_by_seed": {"0": 1.0}}) == result
