@@ -54,6 +54,7 @@ LABELS = {
     "fedmkt": "FedMKT",
 }
 FEDIT = ["algorithm=fedit", "fedmkt=null", "eval.personal=false"]
+AFTER_ONLY = ["eval.before=false"]
 
 
 def settings(cfg: Any) -> dict[str, list[str]]:
@@ -66,24 +67,25 @@ def settings(cfg: Any) -> dict[str, list[str]]:
 
 
 def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
-    """Run name -> overrides for one dataset and setting (the centralized runs are shared)."""
+    """Run name -> overrides for one dataset and setting (the centralized runs are shared).
+
+    Only the FedMKT run evaluates before training (its round 0 is the Zero-shot row): every other
+    run starts from the same untuned models, so its round 0 would repeat that evaluation.
+    """
     base = DATASETS[dataset] + settings(cfg)[setting]
     out = {
         f"{dataset}-{setting}-fedmkt": base,
-        f"{dataset}-{setting}-standalone": [*base, "fed.mode=standalone"],
+        f"{dataset}-{setting}-standalone": [*base, "fed.mode=standalone", *AFTER_ONLY],
     }
     if setting == "homo":
-        out[f"{dataset}-homo-fedavg"] = [*base, *FEDIT, f"model.name={cfg.fedmkt.clients[0]}"]
+        fedavg = [*base, *FEDIT, f"model.name={cfg.fedmkt.clients[0]}", *AFTER_ONLY]
+        out[f"{dataset}-homo-fedavg"] = fedavg
     if setting == "one":
-        out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false"]
-    out[f"{dataset}-centralized-llm"] = [*DATASETS[dataset], *FEDIT, "fed.mode=centralized"]
+        out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false", *AFTER_ONLY]
+    centralized = [*DATASETS[dataset], *FEDIT, "fed.mode=centralized", *AFTER_ONLY]
+    out[f"{dataset}-centralized-llm"] = centralized
     for name in slms(cfg, setting):
-        out[f"{dataset}-centralized-{name}"] = [
-            *DATASETS[dataset],
-            *FEDIT,
-            "fed.mode=centralized",
-            f"model.name={name}",
-        ]
+        out[f"{dataset}-centralized-{name}"] = [*centralized, f"model.name={name}"]
     return out
 
 
