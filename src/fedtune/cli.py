@@ -248,6 +248,7 @@ BENCHMARK_SCRIPTS = {
     "p2": "token_align",
     "p7": "fedmkt_wire",
     "p11": "fedpft_client",
+    "p12": "choice_scoring",
 }
 """The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
 

@@ -186,3 +186,11 @@ def test_fedpft_distill_smoke_measures_the_error_at_every_checkpoint(tmp_path: P
     assert [p["steps"] for p in curve] == [1, 3] and 0 < results["start"] < 1
     assert all(_positive(p["error"]) and p["seconds"] >= 0 for p in curve)
     assert "| 3 | 0.001 |" in (tmp_path / "distill-fedpft-tiny.md").read_text()
+
+
+def test_p12_smoke_scores_the_same_reading_each_prompt_once(tmp_path: Path) -> None:
+    record = _load("choice_scoring").main(["--smoke", "--results-dir", str(tmp_path)])
+    assert (tmp_path / "p12.smoke.md").read_text().startswith("# P12")
+    for result in record["results"].values():
+        assert result["max_abs_diff"] < 1e-4 and _positive(result["speedup"])
+        assert result["same_acc"] == result["same_acc_norm"] == result["questions"]

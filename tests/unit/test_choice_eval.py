@@ -255,3 +255,91 @@ def test_scoring_only_the_choice_positions_equals_the_full_logits() -> None:
             full = batch_log_likelihoods(scored, batch)[0]
             kept = scored_log_likelihoods(scored, batch)
         assert torch.allclose(kept, full, atol=1e-5)
+
+
+def test_shared_prefix_stops_before_the_last_common_unscored_token() -> None:
+    from fedtune.data.tokenize import IGNORE_INDEX as N
+    from fedtune.eval.scoring import shared_prefix
+
+    # prompt 1 2 3, choices 4 5 / 6: the choices keep token 3, whose logits predict their first token
+    assert shared_prefix([([1, 2, 3, 4, 5], [N, N, N, 4, 5]), ([1, 2, 3, 6], [N, N, N, 6])]) == 2
+    # the sequences part before the prompt ends (a merge across the boundary): share up to there
+    assert shared_prefix([([1, 2, 3, 4], [N, N, N, 4]), ([1, 2, 7, 6], [N, N, N, 6])]) == 1
+    # a prompt cut from the left by max_length differs per choice: nothing to share
+    assert shared_prefix([([2, 3, 4, 5], [N, N, 4, 5]), ([1, 2, 3, 6], [N, N, N, 6])]) == 0
+    assert shared_prefix([([1, 4], [N, 4])]) == 0
+
+
+def _gemma3(sliding_window: int) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "gemma3_text",
+        vocab_size=len(tiny_tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=sliding_window,
+        pad_token_id=tiny_tokenizer().pad_token_id,
+    )
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3", "gemma3-window", "llama-lora"])
+@pytest.mark.parametrize("max_length", [None, 14])
+def test_reading_each_prompt_once_scores_as_the_whole_sequences(arch: str, max_length: int | None) -> None:
+    from fedtune.eval.scoring import batch_log_likelihoods
+    from fedtune.models.lora import attach_lora
+
+    tokenizer = tiny_tokenizer()
+    if arch.startswith("gemma3"):
+        model = _gemma3(4 if arch.endswith("window") else 512)
+    else:
+        model = tiny_model(arch.removesuffix("-lora"), seed=2)[0]
+    if arch.endswith("lora"):
+        model = attach_lora(model, r=2, alpha=4, dropout=0.0)
+    prompts = [
+        "Is a cat an animal?\n",
+        "Q: ",
+        "Define 'x'.\n",
+        "A much longer prompt with many words.\n",
+        "hi\n",
+        "ok?\n",  # at max_length 14 in a batch with prompts cut per choice (nothing shared there)
+    ]
+    choices = [
+        ["yes", "no"],
+        [" a", " abc", " b"],
+        ["a letter", "to cross out"],
+        ["no", "yes"],
+        ["x", "y", "z"],
+        ["yes", "no"],
+    ]
+    scores = choice_log_likelihoods(model, tokenizer, prompts, choices, batch_size=4, max_length=max_length)
+    with torch.no_grad():
+        for prompt, options, got in zip(prompts, choices, scores, strict=True):
+            for choice, value in zip(options, got, strict=True):
+                ids, labels = choice_example(tokenizer, prompt, choice, max_length)
+                batch = {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])}
+                whole = float(batch_log_likelihoods(model, batch)[0])
+                assert value == pytest.approx(whole, abs=1e-4), (prompt, choice)
+
+
+def test_a_question_reads_its_prompt_once_for_all_its_choices() -> None:
+    model, tokenizer = tiny_model("llama", seed=2)
+    seen: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _o: seen.append(args[0].numel())
+    )
+    prompt = "A prompt long enough to matter, read only once.\n"
+    choice_log_likelihoods(model, tokenizer, [prompt], [["yes", "no", "maybe"]], batch_size=8)
+    hook.remove()
+    prompt_tokens = len(tokenizer(prompt)["input_ids"])
+    # the prompt once (less its newline, which goes with the choices, and its last token, which the
+    # choices keep), then the three short rows: not three whole sequences
+    assert seen[0] == prompt_tokens - 2 and len(seen) == 2
+    assert sum(seen) < 1.5 * prompt_tokens

@@ -7,9 +7,10 @@ Greedy output matches ``model.generate(do_sample=False)`` token for token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +47,26 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The parameters of the forward of ``model`` (of its base model when it is a PEFT wrapper)."""
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
+    return inspect.signature(base.forward).parameters
+
+
+def cache_keyword(model: nn.Module) -> str | None:
+    """The keyword the model's forward takes a key/value cache under: ``cache`` (recent transformers,
+    where ``past_key_values`` is deprecated), ``past_key_values`` (earlier), or None."""
+    parameters = forward_parameters(model)
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
+def output_cache(output: Any) -> Any:
+    """The key/value cache a forward returned, under either name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -127,6 +148,7 @@ def model_step_fn(model: nn.Module) -> StepFn:
     dwarf the model's activations.
     """
     cache: object = None
+    keyword = cache_keyword(model) or "past_key_values"
 
     def step(new_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
         nonlocal cache
@@ -134,11 +156,11 @@ def model_step_fn(model: nn.Module) -> StepFn:
             input_ids=new_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{keyword: cache},
         )
-        cache = output.past_key_values
+        cache = output_cache(output)
         logits: Tensor = output.logits[:, -1, :].float()
         return logits
 

@@ -7,7 +7,6 @@ flag afterwards, so it can run between federated rounds.
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -19,9 +18,12 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from fedtune.decode.generate import (
+    cache_keyword,
     evaluating,
+    forward_parameters,
     generate_texts,
     model_device,
+    output_cache,
     pad_sequences,
     pad_token_id,
     positions_from_mask,
@@ -91,28 +93,52 @@ def batch_log_likelihoods(model: nn.Module, batch: Mapping[str, Tensor]) -> tupl
 
 
 def _keeps_logits(model: nn.Module) -> bool:
-    wrapped: Any = model
-    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return "logits_to_keep" in forward_parameters(model)
 
 
-def scored_log_likelihoods(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+def _reads_prompts_once(model: nn.Module) -> bool:
+    """Whether a question's prompt can be read once for all its choices: the model takes a key/value
+    cache to continue from, and runs its head at chosen positions only (else the prompt's own logits
+    would cost what reading it twice saves)."""
+    return cache_keyword(model) is not None and _keeps_logits(model)
+
+
+def scored_log_likelihoods(
+    model: nn.Module,
+    batch: Mapping[str, Tensor],
+    *,
+    cache: Any = None,
+    cached_mask: Tensor | None = None,
+) -> Tensor:
     """``batch_log_likelihoods(...)[0]`` with the LM head run only at the positions that predict a
     scored token (a choice is a few tokens at the end of a long prompt: with Gemma-3's 262k-token
     head, the full ``[B, T, V]`` logits cost more than the rest of the model). Models whose forward
-    takes no ``logits_to_keep`` get the full logits."""
-    if not _keeps_logits(model):
+    takes no ``logits_to_keep`` get the full logits.
+
+    With ``cache`` (key/values of tokens that come before every row, ``cached_mask [B, C]`` marking
+    the real ones among them), each row continues its cached tokens: positions and attention count
+    them, and the first scored token must come after the row's first token here.
+    """
+    if cache is None and not _keeps_logits(model):
         return batch_log_likelihoods(model, batch)[0]
     device = model_device(model)
     labels = batch["labels"].to(device)
     predicting = (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().flatten()
     input_ids = batch["input_ids"].to(device)
     attention_mask = batch.get("attention_mask", torch.ones_like(input_ids)).to(device)
+    positions = positions_from_mask(attention_mask)
+    extra: dict[str, Any] = {}
+    if cache is not None and cached_mask is not None:
+        cached_mask = cached_mask.to(device)
+        positions = positions + cached_mask.sum(dim=-1, keepdim=True)
+        attention_mask = torch.cat([cached_mask, attention_mask], dim=-1)
+        extra = {str(cache_keyword(model)): cache, "use_cache": True}
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=positions_from_mask(attention_mask),
+        position_ids=positions,
         logits_to_keep=predicting,
+        **extra,
     ).logits
     targets = labels[:, predicting + 1]
     token_nll = F.cross_entropy(
@@ -174,33 +200,116 @@ def choice_log_likelihoods(
     *,
     batch_size: int = 16,
     max_length: int | None = None,
+    share_prompts: bool = True,
 ) -> list[list[float]]:
     """Summed log-likelihood of every choice given its prompt, one list per prompt.
 
-    All (prompt, choice) pairs are scored in batches of ``batch_size``, longest first so that a
-    batch holds sequences of similar length (little padding); the result keeps the input order.
+    A model that takes a key/value cache reads each question's prompt once for all its choices
+    (``shared_prompt_log_likelihoods``; ``share_prompts=False`` turns that off); any other scores
+    every (prompt, choice) pair whole, in batches of ``batch_size``, longest first so that a batch
+    holds sequences of similar length. The result keeps the input order.
     """
     examples = [
-        choice_example(tokenizer, prompt, choice, max_length)
+        [choice_example(tokenizer, prompt, choice, max_length) for choice in options]
         for prompt, options in zip(prompts, choices, strict=True)
-        for choice in options
     ]
-    order = sorted(range(len(examples)), key=lambda index: -len(examples[index][0]))
     pad_id = pad_token_id(tokenizer)
-    scores = [0.0] * len(examples)
+    if share_prompts and _reads_prompts_once(model):
+        return shared_prompt_log_likelihoods(model, examples, pad_id, batch_size=batch_size)
+    flat = [example for question in examples for example in question]
+    order = sorted(range(len(flat)), key=lambda index: -len(flat[index][0]))
+    scores = [0.0] * len(flat)
     with evaluating(model):
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            input_ids, attention_mask = pad_sequences([examples[i][0] for i in chunk], pad_id, side="right")
-            labels, _ = pad_sequences([examples[i][1] for i in chunk], IGNORE_INDEX, side="right")
-            batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+            batch = _padded_batch([flat[i] for i in chunk], pad_id)
             for index, score in zip(chunk, scored_log_likelihoods(model, batch).tolist(), strict=True):
                 scores[index] = score
     grouped, offset = [], 0
-    for options in choices:
-        grouped.append(scores[offset : offset + len(options)])
-        offset += len(options)
+    for question in examples:
+        grouped.append(scores[offset : offset + len(question)])
+        offset += len(question)
     return grouped
+
+
+def _padded_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Tensor]:
+    input_ids, attention_mask = pad_sequences([ids for ids, _ in examples], pad_id, side="right")
+    labels, _ = pad_sequences([labels for _, labels in examples], IGNORE_INDEX, side="right")
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def shared_prefix(question: Sequence[tuple[list[int], list[int]]]) -> int:
+    """How many leading tokens a question's choices can share from a cache: those before the last
+    token that every choice's sequence has in common and none scores. The last shared token stays
+    with the choices, whose logits at it predict their first scored token."""
+    first_ids = question[0][0]
+    common = min(len(ids) for ids, _ in question)
+    for ids, labels in question:
+        unscored = next((t for t, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+        same = next((t for t in range(common) if ids[t] != first_ids[t]), common)
+        common = min(common, unscored, same)
+    return max(common - 1, 0)
+
+
+def shared_prompt_log_likelihoods(
+    model: nn.Module,
+    examples: Sequence[Sequence[tuple[list[int], list[int]]]],
+    pad_id: int,
+    *,
+    batch_size: int = 16,
+) -> list[list[float]]:
+    """Choice log-likelihoods with each question's prompt read once: the prompt's key/values are
+    computed a single time and every choice continues from a copy of them, so a question of n choices
+    costs one prompt plus n short continuations instead of n prompts (on yes/no tasks, about half).
+
+    ``examples`` holds per question its choices' ``(input_ids, labels)`` from ``choice_example``.
+    Questions with the same number of choices go together, about ``batch_size`` sequences a batch:
+    their prompts left-padded, their choices right-padded after them. The scores equal those of the
+    whole sequences up to float rounding.
+    """
+    scores: list[list[float]] = [[] for _ in examples]
+    by_count: dict[int, list[int]] = {}
+    for index, question in enumerate(examples):
+        by_count.setdefault(len(question), []).append(index)
+    device = model_device(model)
+    with evaluating(model):
+        for count, indices in by_count.items():
+            indices = sorted(indices, key=lambda i: -max(len(ids) for ids, _ in examples[i]))
+            per_batch = max(1, batch_size // count)
+            for start in range(0, len(indices), per_batch):
+                chunk = indices[start : start + per_batch]
+                cuts = [shared_prefix(examples[i]) for i in chunk]
+                if max(cuts) == 0:  # nothing to share: the whole sequences
+                    rows = [example for i in chunk for example in examples[i]]
+                    values = scored_log_likelihoods(model, _padded_batch(rows, pad_id)).tolist()
+                else:
+                    prompts = [examples[i][0][0][:cut] for i, cut in zip(chunk, cuts, strict=True)]
+                    prompt_ids, prompt_mask = pad_sequences(prompts, pad_id, side="left")
+                    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+                    cache = output_cache(
+                        model(
+                            input_ids=prompt_ids,
+                            attention_mask=prompt_mask,
+                            position_ids=positions_from_mask(prompt_mask),
+                            use_cache=True,
+                            logits_to_keep=1,
+                        )
+                    )
+                    cache.batch_repeat_interleave(count)
+                    rows = [
+                        (ids[cut:], labels[cut:])
+                        for i, cut in zip(chunk, cuts, strict=True)
+                        for ids, labels in examples[i]
+                    ]
+                    values = scored_log_likelihoods(
+                        model,
+                        _padded_batch(rows, pad_id),
+                        cache=cache,
+                        cached_mask=prompt_mask.repeat_interleave(count, dim=0),
+                    ).tolist()
+                for offset, i in enumerate(chunk):
+                    scores[i] = values[offset * count : (offset + 1) * count]
+    return scores
 
 
 @dataclass(frozen=True)
