@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from bench import fedmkt_table
 
@@ -82,3 +83,16 @@ def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
     assert saved["carried"] == {"wic-one": {"fedmkt": ["0", "1"]}}
     fedmkt_table.main(argv)  # without the flag nothing is kept: no runs, no table
     assert "| FedMKT |" not in (results_dir / "table-fedmkt-tiny.md").read_text()
+
+
+def test_memory_bench_measures_a_client_process_of_its_own(tmp_path: Path) -> None:
+    from bench import fedmkt_memory
+
+    config = str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+    slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
+    with pytest.raises(SystemExit, match="unknown variant"):
+        fedmkt_memory.main([config, "--variants", "slm:nope", "--results-dir", str(tmp_path)])
+    fedmkt_memory.main([config, "--variants", f"slm:{slm}", "--results-dir", str(tmp_path)])
+    results = json.loads((tmp_path / "memory-fedmkt-tiny.json").read_text())["results"]
+    assert results[f"slm:{slm}"]["client_peak_mem_mb"] > results["baseline"]["client_peak_mem_mb"] > 0
+    assert f"| FedMKT: {slm} + LoRA |" in (tmp_path / "memory-fedmkt-tiny.md").read_text()
