@@ -17,12 +17,13 @@ normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed
 - ``fedmkt``: the method.
 Every model is scored on the same test examples (``fedmkt.slm_eval: test``); an SLM's cell is the mean
 over the clients holding it. The table gives mean ± std over seeds, MB up / down per round and the
-client's peak memory, and checks the paper's ordering (SLMs: Zero-shot < Standalone < FedMKT; LLM:
-Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed; ``table-<config>.png`` shows the same
-cells with each seed as a dot. Runs are subprocesses, ``--jobs`` at a time with one thread each;
-rerunning resumes unfinished runs and skips finished ones. With ``--keep-earlier`` a seed asked for
-whose run is not in ``--runs-dir`` keeps its value from the table's previous ``.json`` (cell by cell;
-runs here win), and the table names every seed so kept.
+peak RSS of the simulation's one process (it holds the LLM and every SLM; a client process of its
+own is measured by ``bench/fedmkt_memory.py``), and checks the paper's ordering (SLMs: Zero-shot <
+Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed;
+``table-<config>.png`` shows the same cells with each seed as a dot. Runs are subprocesses,
+``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
+With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
+table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def markdown(
                 f"## {dataset}, {setting} ({data_metric})",
                 "",
                 markdown_table(
-                    ["", "LLM", *names, "MB up / down per round", "client peak MB", "seeds"], rows
+                    ["", "LLM", *names, "MB up / down per round", "sim. peak RSS MB", "seeds"], rows
                 ),
                 "",
                 *ordering(table, names),
