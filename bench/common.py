@@ -173,6 +173,23 @@ def write_results(
     return path
 
 
+def panel_grid(
+    count: int, width: float, height: float, margin: float = 0.6
+) -> tuple[Any, list[Any], list[Any]]:
+    """A figure of ``count`` panels of ``width`` x ``height`` inches, three at most a line (``margin``:
+    inches for the title and legend): the figure, its panels in order, the first panel of each line."""
+    from matplotlib.figure import Figure
+
+    cols = min(3, count)
+    lines = -(-count // cols)
+    figure = Figure(figsize=(1.0 + width * cols, margin + height * lines), layout="constrained")
+    grid = figure.subplots(lines, cols, squeeze=False)
+    axes = [ax for line in grid for ax in line]
+    for spare in axes[count:]:
+        spare.set_visible(False)
+    return figure, axes[:count], [line[0] for line in grid]
+
+
 def earlier_results(stem: Path) -> dict[str, Any]:
     """The per-row results of a table's previous write (``<stem>.json``), or {} when there is none."""
     path = stem.with_suffix(".json")

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import earlier_results, markdown_table, table_parser, write_table
+from bench.common import earlier_results, markdown_table, panel_grid, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 DATASETS: dict[str, list[str]] = {
@@ -312,22 +312,14 @@ def markdown(
 def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     """One panel per dataset and setting: per row the LLM's and each SLM's score, mean ± std as a marker
     with whiskers and each seed as a faint dot (differences are a few points: bars would hide them)."""
-    from matplotlib.figure import Figure
-
     panels = [key for key in results if key != "carried"]
     if not panels:
         return None
-    cols = min(3, len(panels))
-    lines = -(-len(panels) // cols)
-    figure = Figure(figsize=(1.0 + 4.6 * cols, 0.8 + 3.4 * lines), layout="constrained")
-    grid = figure.subplots(lines, cols, squeeze=False)
-    axes = [ax for line in grid for ax in line]
-    for spare in axes[len(panels) :]:
-        spare.set_visible(False)
+    figure, axes, first = panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
     markers = ["o", "s", "^", "D", "v"]
-    for ax, key in zip(axes, panels, strict=False):
+    for ax, key in zip(axes, panels, strict=True):
         table = results[key]
         rows = [row for row in LABELS if row in table]
         shown = [m for m in models if any(m in table[row] for row in rows)]
@@ -353,8 +345,8 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         ax.set_title(f"{dataset}, {setting} ({seeds} seed{'s' if seeds != 1 else ''})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, frameon=False)
-    for line in grid:
-        line[0].set_ylabel("score x 100 (acc or Rouge-L)")
+    for ax in first:
+        ax.set_ylabel("score x 100 (acc or Rouge-L)")
     figure.suptitle(f"{cfg.name}: mean ± std over seeds; faint dots: each seed", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

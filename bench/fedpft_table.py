@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, table_parser, write_table
+from bench.common import markdown_table, panel_grid, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 ROWS: dict[str, list[str]] = {
@@ -235,7 +235,6 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     """One panel per dataset and partition: per method the accuracy of the LoRA + head in the full
     model and the sub-model's own, mean ± std as a marker with whiskers and each seed as a dot. The
     axis is zoomed to the data (differences are a few points), so bars would hide them."""
-    from matplotlib.figure import Figure
 
     def shown(method: str, suffix: str) -> bool:
         return bool(results.get(f"{method}-{suffix}", {}).get("seeds"))
@@ -243,18 +242,12 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
     if not panels:
         return None
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    figure = Figure(figsize=(1.0 + 4.2 * cols, 0.6 + 3.4 * rows), layout="constrained")
-    grid = figure.subplots(rows, cols, squeeze=False)
-    axes = [ax for row in grid for ax in row]
-    for spare in axes[len(panels) :]:
-        spare.set_visible(False)
+    figure, axes, first = panel_grid(len(panels), 4.2, 3.4)
     series = (
         ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
         ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
     )
-    for ax, suffix in zip(axes, panels, strict=False):
+    for ax, suffix in zip(axes, panels, strict=True):
         methods = [m for m in LABELS if shown(m, suffix)]
         for key, shift, colour, marker, label in series:
             rows = [results[f"{m}-{suffix}"] for m in methods]
@@ -283,8 +276,8 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
             fontsize=9,
         )
         ax.grid(True, axis="y", alpha=0.3)
-    for row in grid:
-        row[0].set_ylabel("accuracy (%)")
+    for ax in first:
+        ax.set_ylabel("accuracy (%)")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"

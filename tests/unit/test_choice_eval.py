@@ -270,26 +270,6 @@ def test_shared_prefix_stops_before_the_last_common_unscored_token() -> None:
     assert shared_prefix([([1, 4], [N, 4])]) == 0
 
 
-def _gemma3(sliding_window: int) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        "gemma3_text",
-        vocab_size=len(tiny_tokenizer()),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        sliding_window=sliding_window,
-        pad_token_id=tiny_tokenizer().pad_token_id,
-    )
-    torch.manual_seed(1)
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3", "gemma3-window", "llama-lora"])
 @pytest.mark.parametrize("max_length", [None, 14])
 def test_reading_each_prompt_once_scores_as_the_whole_sequences(arch: str, max_length: int | None) -> None:
@@ -298,7 +278,9 @@ def test_reading_each_prompt_once_scores_as_the_whole_sequences(arch: str, max_l
 
     tokenizer = tiny_tokenizer()
     if arch.startswith("gemma3"):
-        model = _gemma3(4 if arch.endswith("window") else 512)
+        from tests.unit.test_train import tiny_gemma
+
+        model = tiny_gemma(None, sliding_window=4 if arch.endswith("window") else 512)[0].eval()
     else:
         model = tiny_model(arch.removesuffix("-lora"), seed=2)[0]
     if arch.endswith("lora"):

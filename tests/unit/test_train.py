@@ -145,7 +145,9 @@ def test_adapter_state_round_trip_and_shape_check() -> None:
         load_adapter(model, {})
 
 
-def tiny_gemma(cap: float | None, family: str = "gemma3_text") -> tuple[torch.nn.Module, object]:
+def tiny_gemma(
+    cap: float | None, family: str = "gemma3_text", sliding_window: int = 4096
+) -> tuple[torch.nn.Module, object]:
     """A tiny random Gemma (2 or 3) causal LM on the tiny llama tokenizer; ``cap``: its logit soft-capping."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -161,6 +163,7 @@ def tiny_gemma(cap: float | None, family: str = "gemma3_text") -> tuple[torch.nn
         head_dim=16,
         max_position_embeddings=256,
         final_logit_softcapping=cap,
+        sliding_window=sliding_window,
         pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(1)
