@@ -3,10 +3,11 @@
 Each variant runs one short round of a ``configs/paper/fedbiot-*.yaml`` job on a loopback Flower
 deployment (``fedtune run --backend flower``), so every client is its own process (a SuperNode's
 warm worker) that never shares memory with the server. The client reports the peak RSS of its
-process (``getrusage`` ``ru_maxrss``) after its local steps; ``client_peak_mem_mb`` in metrics.jsonl
-is the largest over the round's clients. The run's local training is the config's own (batch size,
-sequence length, optimizer, adapter mode); only what does not touch a client is cut short (one
-round, two local steps, a few server alignment steps, a tiny evaluation).
+process (``fedtune.train.loop.peak_rss_mb``, Linux's VmHWM) after its local steps;
+``client_peak_mem_mb`` in metrics.jsonl is the largest over the round's clients. The run's local
+training is the config's own (batch size, sequence length, optimizer, adapter mode); only what does
+not touch a client is cut short (one round, two local steps, a few server alignment steps, a tiny
+evaluation).
 
 Variants (the rows of ``bench/fedbiot_table.py``, plus the usual alternative):
 - ``fedit``: FedIT, a client holding the whole LLM with LoRA on it (what FedBiOT avoids);
@@ -65,8 +66,8 @@ LABELS = {
 
 def baseline_mb() -> float:
     code = (
-        "import resource, torch, transformers, fedtune.fl.flower.worker, fedtune.algorithms;"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)"
+        "import torch, transformers, fedtune.fl.flower.worker, fedtune.algorithms;"
+        "from fedtune.train.loop import peak_rss_mb; print(peak_rss_mb())"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1])

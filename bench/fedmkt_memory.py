@@ -1,14 +1,14 @@
 """What a FedMKT client holds, measured: the peak resident memory of real client processes.
 
 Each variant runs one short round of a ``configs/paper/fedmkt-*.yaml`` job on a loopback Flower
-deployment (``fedtune run --backend flower``) with a single client, so the client is its own
-process (a SuperNode's warm worker) that never shares memory with the server's LLM. It reports the
-peak RSS of its process (``getrusage`` ``ru_maxrss``) after its round: local SFT on its private data,
-its losses and top-k logits on the public set, then the alignment of the LLM's knowledge and the
-distillation on it. The local training is the config's own (batch size, sequence length, optimizer);
-only what does not change a client's footprint is cut short (two local steps, 8 public examples, a
-tiny evaluation). In the simulation, which the paper table runs, one process holds the LLM and every
-SLM, so its ``client_peak_mem_mb`` is that process's, not a client's.
+deployment (``fedtune run --backend flower``) with a single client, so the client is its own process
+(a SuperNode's warm worker) that never shares memory with the server's LLM. It reports the peak RSS
+of its process (``fedtune.train.loop.peak_rss_mb``, Linux's VmHWM) after its round: local SFT on its
+private data, its losses and top-k logits on the public set, then the alignment of the LLM's
+knowledge and the distillation on it. The local training is the config's own (batch size, sequence
+length, optimizer); only what does not change a client's footprint is cut short (two local steps, 8
+public examples, a tiny evaluation). In the simulation, which the paper table runs, one process
+holds the LLM and every SLM, so its ``client_peak_mem_mb`` is that process's, not a client's.
 
 Variants: ``slm:<name>``, a FedMKT client holding SLM ``<name>`` (default: each of the config's
 ``fedmkt.clients``); ``fedit``, a FedIT client holding the whole LLM with LoRA (what FedMKT spares its

@@ -49,7 +49,19 @@ def sft_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
+    """Peak resident memory of this process so far, in MiB.
+
+    Linux's ``VmHWM`` where there is one: ``getrusage``'s ``ru_maxrss`` survives ``fork`` and ``exec``,
+    so a small process started by a large one (a client started by a loaded test or bench process)
+    would report its parent's peak. Elsewhere ``ru_maxrss`` (KiB on Linux).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
