@@ -14,7 +14,6 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -125,8 +124,10 @@ def rss_mb() -> float:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident memory of this process so far, in MiB (``fedtune.train.loop.peak_rss_mb``)."""
+    from fedtune.train.loop import peak_rss_mb as own_peak
+
+    return own_peak()
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -271,7 +271,6 @@ def shared_prompt_log_likelihoods(
     by_count: dict[int, list[int]] = {}
     for index, question in enumerate(examples):
         by_count.setdefault(len(question), []).append(index)
-    device = model_device(model)
     with evaluating(model):
         for count, indices in by_count.items():
             indices = sorted(indices, key=lambda i: -max(len(ids) for ids, _ in examples[i]))
@@ -284,18 +283,7 @@ def shared_prompt_log_likelihoods(
                     values = scored_log_likelihoods(model, _padded_batch(rows, pad_id)).tolist()
                 else:
                     prompts = [examples[i][0][0][:cut] for i, cut in zip(chunk, cuts, strict=True)]
-                    prompt_ids, prompt_mask = pad_sequences(prompts, pad_id, side="left")
-                    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-                    cache = output_cache(
-                        model(
-                            input_ids=prompt_ids,
-                            attention_mask=prompt_mask,
-                            position_ids=positions_from_mask(prompt_mask),
-                            use_cache=True,
-                            logits_to_keep=1,
-                        )
-                    )
-                    cache.batch_repeat_interleave(count)
+                    cache, prompt_mask = _prompt_cache(model, prompts, pad_id, count)
                     rows = [
                         (ids[cut:], labels[cut:])
                         for i, cut in zip(chunk, cuts, strict=True)
@@ -305,11 +293,31 @@ def shared_prompt_log_likelihoods(
                         model,
                         _padded_batch(rows, pad_id),
                         cache=cache,
-                        cached_mask=prompt_mask.repeat_interleave(count, dim=0),
+                        cached_mask=prompt_mask,
                     ).tolist()
                 for offset, i in enumerate(chunk):
                     scores[i] = values[offset * count : (offset + 1) * count]
     return scores
+
+
+def _prompt_cache(
+    model: nn.Module, prompts: Sequence[list[int]], pad_id: int, copies: int
+) -> tuple[Any, Tensor]:
+    """The key/values of ``prompts`` (left-padded, read once), each repeated ``copies`` times in a row,
+    and the matching ``[len(prompts) * copies, P]`` mask of their real tokens."""
+    device = model_device(model)
+    prompt_ids, prompt_mask = pad_sequences(prompts, pad_id, side="left")
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    output = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions_from_mask(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = output_cache(output)
+    cache.batch_repeat_interleave(copies)
+    return cache, prompt_mask.repeat_interleave(copies, dim=0)
 
 
 @dataclass(frozen=True)
