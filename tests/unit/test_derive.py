@@ -229,3 +229,46 @@ def test_an_underived_default_name_says_how_to_derive_it(tmp_path: Path) -> None
 def test_derive_model_refuses_names_that_would_not_load_as_derived(name: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="name"):
         derive_model("tiny-llama", keep_layers=1, steps=1, name=name, cache_dir=tmp_path, texts=TEXTS)
+
+
+def _tiny_gemma3(num_layers: int = 4) -> PreTrainedModel:
+    """A tiny random Gemma 3 text model whose layers alternate sliding (window 3) and full attention."""
+    config = AutoConfig.for_model(
+        "gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+        sliding_window=3, layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_truncating_gemma3_keeps_each_layer_its_own_attention_pattern() -> None:
+    teacher = _tiny_gemma3()
+    input_ids = torch.randint(0, 64, (2, 9))  # longer than the sliding window
+
+    every = truncate_layers(teacher, [0, 1, 2, 3])
+    student = truncate_layers(teacher, [1, 2])
+    # The same weights in a model built from the student's config: its layer types must agree with the layers.
+    rebuilt = AutoModelForCausalLM.from_config(student.config).eval()
+    rebuilt.load_state_dict(student.state_dict())
+
+    assert student.config.layer_types == ["full_attention", "sliding_attention"]
+    with torch.no_grad():
+        assert torch.allclose(every(input_ids).logits, teacher(input_ids).logits)
+        assert torch.allclose(student(input_ids).logits, rebuilt(input_ids).logits, atol=1e-6)
+    cached = student.generate(input_ids[:1], max_new_tokens=6, do_sample=False, use_cache=True)
+    uncached = student.generate(input_ids[:1], max_new_tokens=6, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_derive_reports_distillation_progress_in_a_log_that_is_no_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    derive_model(
+        "tiny-llama-L4-H32", keep_layers=2, steps=20, name="logged", cache_dir=tmp_path,
+        batch_size=4, max_length=32, lr=1e-3, texts=TEXTS, held_out=4,
+    )  # fmt: skip
+
+    lines = [line for line in capsys.readouterr().err.splitlines() if ": KL " in line]
+    # a line every tenth of the steps, each with its step and loss
+    assert [line.split("distil ")[1].split(":")[0] for line in lines] == [f"{k}/20" for k in range(2, 21, 2)]

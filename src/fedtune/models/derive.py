@@ -76,6 +76,8 @@ LAYER_PATHS: dict[str, tuple[str, str]] = {
     "mistral": ("model", "layers"),
     "qwen2": ("model", "layers"),
     "qwen3": ("model", "layers"),
+    "gemma2": ("model", "layers"),
+    "gemma3_text": ("model", "layers"),
     "gpt2": ("transformer", "h"),
     "bert": ("bert.encoder", "layer"),  # BertForSequenceClassification (FedOT on encoders)
 }
@@ -467,8 +469,13 @@ def derive_model(
         bars.update(phase, visible=False)
         distill_task = bars.add_task("distil", total=steps, info="")
 
+        # A log that is no terminal shows no bar: it gets a line every tenth of the steps instead.
+        log_every = 0 if not progress or bars.console.is_terminal else max(1, steps // 10)
+
         def report(done: int, total: int, loss: float) -> None:
             bars.update(distill_task, completed=done, info=f"KL {loss:.3f}")
+            if log_every and (done % log_every == 0 or done == total):
+                bars.console.print(f"distil {done}/{total}: KL {loss:.3f}", highlight=False)
 
         torch.manual_seed(seed)
         distill_started = time.perf_counter()
