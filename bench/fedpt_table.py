@@ -14,8 +14,9 @@ that method; rerunning resumes unfinished runs and skips finished ones.
 
 Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
 3 steps at batch 1 (the paper's "VRAM to train one sample") on real client examples, and read the
-peak RSS (``ru_maxrss``); the process's RSS before loading the model is reported too. Bytes are the
-totals over the run from ``metrics.jsonl`` (up + down, all clients, all rounds).
+peak RSS (``VmHWM``, `fedtune.train.loop.peak_rss_mb`); the process's RSS before loading the model is
+reported too. Bytes are the totals over the run from ``metrics.jsonl`` (up + down, all clients, all
+rounds).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +113,7 @@ def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "trainable_m": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
         "rss_before_model_mb": before,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
