@@ -6,7 +6,8 @@
     python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --table-only
 
 Settings (``--settings``): ``hetero`` (the config's ``fedmkt.clients``: different SLMs and tokenizer
-families), ``homo`` (every client holds the first SLM), ``one`` (one client, one SLM). Rows, each a
+families, as the paper's four), ``hetero2`` (the first two of them, each held by half the clients),
+``homo`` (every client holds the first SLM), ``one`` (one client, one SLM). Rows, each a
 normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed>``:
 - ``zeroshot``: round 0 of the ``fedmkt`` run (no tuning), the LLM and every SLM;
 - ``standalone``: every SLM trains on its own data only (``fed.mode=standalone``), the LLM untouched;
@@ -58,10 +59,14 @@ FEDIT = ["algorithm=fedit", "fedmkt=null", "eval.personal=false"]
 AFTER_ONLY = ["eval.before=false"]
 
 
+SETTINGS = ["hetero", "hetero2", "homo", "one"]
+
+
 def settings(cfg: Any) -> dict[str, list[str]]:
     first = cfg.fedmkt.clients[0]
     return {
         "hetero": [],
+        "hetero2": [f"fedmkt.clients=[{','.join(slms(cfg, 'hetero2'))}]"],
         "homo": [f"fedmkt.clients=[{first}]"],
         "one": [f"fedmkt.clients=[{first}]", "data.partition.num_clients=1"],
     }
@@ -91,7 +96,9 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
 
 
 def slms(cfg: Any, setting: str) -> list[str]:
-    return list(dict.fromkeys(cfg.fedmkt.clients)) if setting == "hetero" else [cfg.fedmkt.clients[0]]
+    """The distinct SLMs a setting's clients hold, in the order of ``fedmkt.clients``."""
+    distinct = list(dict.fromkeys(cfg.fedmkt.clients))
+    return {"hetero": distinct, "hetero2": distinct[:2]}.get(setting, distinct[:1])
 
 
 def holders(cfg: Any, setting: str, run_dir: Path) -> dict[str, list[str]]:
@@ -355,7 +362,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = table_parser(__doc__.splitlines()[0])
-    parser.add_argument("--settings", nargs="+", default=["hetero"], choices=["hetero", "homo", "one"])
+    parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
     parser.add_argument("--datasets", nargs="+", default=["wic"], choices=list(DATASETS))
     parser.add_argument(
         "--keep-earlier",

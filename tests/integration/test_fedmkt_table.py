@@ -39,6 +39,23 @@ def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path)
     assert (tmp_path / "results" / "table-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(fedmkt=SimpleNamespace(clients=["a", "b", "a2", "b2"]))
+    assert fedmkt_table.settings(cfg) == {
+        "hetero": [],
+        "hetero2": ["fedmkt.clients=[a,b]"],
+        "homo": ["fedmkt.clients=[a]"],
+        "one": ["fedmkt.clients=[a]", "data.partition.num_clients=1"],
+    }
+    assert [fedmkt_table.slms(cfg, s) for s in fedmkt_table.SETTINGS] == [
+        ["a", "b", "a2", "b2"], ["a", "b"], ["a"], ["a"]
+    ]  # fmt: skip
+    runs = fedmkt_table.runs(cfg, "wic", "hetero")
+    assert {"wic-centralized-a2", "wic-centralized-b2"} <= set(runs)
+
+
 def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:
     table = {"fedmkt": {"llm": {"1": 0.6}}}
     earlier = {
