@@ -347,9 +347,11 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
                 ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
         ax.set_xticks(range(len(rows)), [LABELS[row] for row in rows], fontsize=7.5)
         ax.set_xlim(-0.5, len(rows) - 0.5)
-        seeds = max(len(v) for row in rows for v in table[row].values())
+        counts = sorted({len(v) for row in rows for v in table[row].values()})
+        # the shared centralized rows may have more seeds than the setting's own
+        seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         dataset, setting = key.rsplit("-", 1)
-        ax.set_title(f"{dataset}, {setting} ({seeds} seed{'s' if seeds != 1 else ''})", fontsize=9)
+        ax.set_title(f"{dataset}, {setting} ({seeds} seed{'s' if seeds != '1' else ''})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, frameon=False)
     for ax in first:
