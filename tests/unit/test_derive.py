@@ -231,20 +231,13 @@ def test_derive_model_refuses_names_that_would_not_load_as_derived(name: str, tm
         derive_model("tiny-llama", keep_layers=1, steps=1, name=name, cache_dir=tmp_path, texts=TEXTS)
 
 
-def _tiny_gemma3(num_layers: int = 4) -> PreTrainedModel:
-    """A tiny random Gemma 3 text model whose layers alternate sliding (window 3) and full attention."""
-    config = AutoConfig.for_model(
-        "gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
-        sliding_window=3, layer_types=["sliding_attention", "full_attention"] * (num_layers // 2),
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
 def test_truncating_gemma3_keeps_each_layer_its_own_attention_pattern() -> None:
-    teacher = _tiny_gemma3()
-    input_ids = torch.randint(0, 64, (2, 9))  # longer than the sliding window
+    from tests.unit.test_train import tiny_gemma
+
+    layer_types = ["sliding_attention", "full_attention"] * 2
+    teacher, _ = tiny_gemma(None, sliding_window=3, num_layers=4, layer_types=layer_types)
+    teacher.eval()
+    input_ids = torch.randint(0, teacher.config.vocab_size, (2, 9))  # longer than the sliding window
 
     every = truncate_layers(teacher, [0, 1, 2, 3])
     student = truncate_layers(teacher, [1, 2])

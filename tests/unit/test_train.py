@@ -146,9 +146,14 @@ def test_adapter_state_round_trip_and_shape_check() -> None:
 
 
 def tiny_gemma(
-    cap: float | None, family: str = "gemma3_text", sliding_window: int = 4096
+    cap: float | None,
+    family: str = "gemma3_text",
+    sliding_window: int = 4096,
+    num_layers: int = 2,
+    layer_types: list[str] | None = None,
 ) -> tuple[torch.nn.Module, object]:
-    """A tiny random Gemma (2 or 3) causal LM on the tiny llama tokenizer; ``cap``: its logit soft-capping."""
+    """A tiny random Gemma (2 or 3) causal LM on the tiny llama tokenizer; ``cap``: its logit soft-capping,
+    ``layer_types``: each layer's sliding or full attention (default: the family's own pattern)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _, tok = tiny_model("llama")
@@ -157,7 +162,7 @@ def tiny_gemma(
         vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=16,
@@ -165,6 +170,7 @@ def tiny_gemma(
         final_logit_softcapping=cap,
         sliding_window=sliding_window,
         pad_token_id=tok.pad_token_id,
+        **({} if layer_types is None else {"layer_types": layer_types}),
     )
     torch.manual_seed(1)
     return AutoModelForCausalLM.from_config(config), tok
