@@ -4,6 +4,8 @@
     python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --settings homo one --seeds 0 1 2
     python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets wic defchoice instruct
     python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --table-only
+    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets instruct \
+        --set name=fedmkt-wic-llm1.5b --set model.name=qwen2.5-coder-1.5b-instruct  # another LLM
 
 Settings (``--settings``): ``hetero`` (the config's ``fedmkt.clients``: different SLMs and tokenizer
 families, as the paper's four), ``hetero2`` (the first two of them, each held by half the clients),
@@ -23,6 +25,8 @@ own is measured by ``bench/fedmkt_memory.py``), and checks the paper's ordering 
 Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed;
 ``table-<config>.png`` shows the same cells with each seed as a dot. Runs are subprocesses,
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
+``--set`` changes the config before the settings do (a run's own overrides win): with ``name=`` it
+gives a table and runs directory of their own, e.g. for a larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
 """
@@ -92,6 +96,21 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
     out[f"{dataset}-centralized-llm"] = centralized
     for name in slms(cfg, setting):
         out[f"{dataset}-centralized-{name}"] = [*centralized, f"model.name={name}"]
+    return out
+
+
+def planned(
+    cfg: Any, datasets: list[str], chosen: list[str], seeds: list[int], extra: list[str]
+) -> dict[str, list[str]]:
+    """Run directory name -> overrides of every run of the table. ``extra`` (``--set``) comes first, as
+    a change of the config: a run's own overrides win over it (a centralized SLM run keeps its SLM when
+    ``--set model.name=...`` changes the LLM)."""
+    out: dict[str, list[str]] = {}
+    for dataset in datasets:
+        for setting in chosen:
+            for name, overrides in runs(cfg, dataset, setting).items():
+                for seed in seeds:
+                    out[f"{name}-s{seed}"] = [*extra, *overrides, f"seed={seed}"]
     return out
 
 
@@ -375,19 +394,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     root = args.runs_dir / cfg.name
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = earlier_results(stem) if args.keep_earlier else None
     if not args.table_only:
-        planned: dict[str, list[str]] = {}
-        for dataset in args.datasets:
-            for setting in args.settings:
-                for name, overrides in runs(cfg, dataset, setting).items():
-                    for seed in args.seeds:
-                        planned[f"{name}-s{seed}"] = [*overrides, *args.set, f"seed={seed}"]
+        jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_one, args.config, o, root / name) for name, o in planned.items()]
+            futures = [pool.submit(run_one, args.config, o, root / name) for name, o in jobs.items()]
             for future in futures:
                 future.result()
     command = "python bench/fedmkt_table.py " + " ".join(argv if argv is not None else sys.argv[1:])

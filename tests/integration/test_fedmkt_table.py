@@ -113,3 +113,32 @@ def test_memory_bench_measures_a_client_process_of_its_own(tmp_path: Path) -> No
     results = json.loads((tmp_path / "memory-fedmkt-tiny.json").read_text())["results"]
     assert results[f"slm:{slm}"]["client_peak_mem_mb"] > results["baseline"]["client_peak_mem_mb"] > 0
     assert f"| FedMKT: {slm} + LoRA |" in (tmp_path / "memory-fedmkt-tiny.md").read_text()
+
+
+def test_set_changes_the_config_the_table_reads_and_each_run_keeps_its_own_model(tmp_path: Path) -> None:
+    """``--set model.name=... --set name=...`` gives a table of another LLM beside the first one: the
+    table reads the config with the overrides (its file name, runs directory and heading follow), and a
+    centralized SLM run still trains its SLM, not the LLM that ``--set`` names."""
+    from fedtune.config import load_config
+
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    extra = ["name=fedmkt-tiny-big", "model.name=tiny-qwen2-spm"]
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    earlier = {"wic-one": {"fedmkt": {"llm": {"0": 0.5}}}}
+    (results_dir / "table-fedmkt-tiny-big.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--settings", "one", "--seeds", "0", "--table-only", "--keep-earlier"]
+    fedmkt_table.main([*argv, *(f"--set={o}" for o in extra)])
+    table = (results_dir / "table-fedmkt-tiny-big.md").read_text()
+    assert table.startswith("# FedMKT at small scale: fedmkt-tiny-big (LLM tiny-qwen2-spm;")
+    assert "| FedMKT | 50.0 |" in table
+    assert not (results_dir / "table-fedmkt-tiny.md").exists()
+
+    cfg = load_config(config, extra)
+    slm = cfg.fedmkt.clients[0]
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["one"], [0], extra)
+    assert jobs["wic-one-fedmkt-s0"][:2] == extra and jobs["wic-one-fedmkt-s0"][-1] == "seed=0"
+    models = {name: [o for o in run if o.startswith("model.name=")][-1] for name, run in jobs.items()}
+    assert models[f"wic-centralized-{slm}-s0"] == f"model.name={slm}"
+    assert models["wic-centralized-llm-s0"] == models["wic-one-fedmkt-s0"] == "model.name=tiny-qwen2-spm"
