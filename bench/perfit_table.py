@@ -273,7 +273,12 @@ def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
         ]
     )
     stats = json.loads((run_dir / "data_stats.json").read_text())["counts"]
-    labels = [f"{c}: {'/'.join(sorted(stats.get(c, {})))[:28]}" for c in clients]
+    categories = {c: {k for k, n in stats.get(c, {}).items() if n} for c in clients}
+    by_shared = overlap_by_shared(overlap, clients, categories)
+    order = sorted(range(len(clients)), key=lambda i: (sorted(categories[clients[i]]), clients[i]))
+    clients = [clients[i] for i in order]  # clients with the same categories side by side
+    overlap = overlap[np.ix_(order, order)]
+    labels = [f"{c}: {'/'.join(sorted(categories[c]))[:28]}" for c in clients]
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1.4, 1]})
     image = left.imshow(share, aspect="auto", cmap="viridis", vmin=0, vmax=1)
     left.set_yticks(range(len(modules)), modules)
@@ -282,9 +287,13 @@ def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
     left.set_title("kept share of the expanded LoRA entries (mean over clients)")
     figure.colorbar(image, ax=left)
     image = right.imshow(overlap, cmap="magma", vmin=0, vmax=1)
-    right.set_xticks(range(len(clients)), clients, rotation=90, fontsize=7)
-    right.set_yticks(range(len(clients)), labels, fontsize=7)
-    right.set_title("mask overlap between clients (Jaccard)")
+    if len(clients) <= 30:
+        right.set_xticks(range(len(clients)), clients, rotation=90, fontsize=7)
+        right.set_yticks(range(len(clients)), labels, fontsize=7)
+    else:  # too many to name: ordered by categories, so blocks are clients of the same two
+        right.set_xlabel(f"{len(clients)} clients, ordered by their categories")
+    means = ", ".join(f"{k} shared: {v['mean']:.2f}" for k, v in sorted(by_shared.items(), reverse=True))
+    right.set_title(f"mask overlap between clients (Jaccard)\nmean by categories shared: {means}", fontsize=9)
     figure.colorbar(image, ax=right)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +305,38 @@ def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
         "layers": layers,
         "overlap": overlap.tolist(),
         "clients": clients,
+        "by_shared": {str(k): v for k, v in by_shared.items()},
     }
+
+
+def overlap_by_shared(
+    overlap: np.ndarray, clients: list[str], categories: dict[str, set[str]]
+) -> dict[int, dict[str, float]]:
+    """Number of data categories two clients share -> pairs and mean overlap of their masks over
+    every pair of distinct clients: do clients with similar data search similar masks?"""
+    groups: dict[int, list[float]] = {}
+    for i, a in enumerate(clients):
+        for j in range(i + 1, len(clients)):
+            shared = len(categories[a] & categories[clients[j]])
+            groups.setdefault(shared, []).append(float(overlap[i, j]))
+    return {
+        k: {"pairs": len(v), "mean": float(np.mean(v)), "std": float(np.std(v))} for k, v in groups.items()
+    }
+
+
+def overlap_lines(masks: dict[str, Any]) -> list[str]:
+    by_shared = masks.get("by_shared") or {}
+    if not by_shared:
+        return []
+    cells = [
+        f"{k} shared: {v['mean']:.3f} ± {v['std']:.3f} ({v['pairs']} pairs)"
+        for k, v in sorted(by_shared.items(), key=lambda kv: -int(kv[0]))
+    ]
+    return [
+        "",
+        f"Mask overlap (Jaccard) between the {len(masks['clients'])} searched clients of one PerFIT run, "
+        "by the number of data categories two clients share: " + "; ".join(cells) + ".",
+    ]
 
 
 def _module(key: str) -> tuple[int, str]:
@@ -350,13 +390,16 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = earlier_results(stem) if args.keep_earlier else {}
     results = {key: summarise(paths, earlier.get(key)) for key, paths in dirs.items()}
-    text = markdown(cfg, results, args.partitions, command)
     perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
     finished = [p for p in perfit_runs if (rows := read_rows(p)) and _finished(p, rows)]
     if finished:  # a run still going may hold no masks yet
         results["masks"] = mask_plot(finished[0], stem.with_name(stem.name + "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
+    rows = {key: result for key, result in results.items() if key != "masks"}
+    text = "\n".join(
+        [markdown(cfg, rows, args.partitions, command), *overlap_lines(results.get("masks", {}))]
+    )
     write_table(stem, text, cfg.name, command, results)
 
 

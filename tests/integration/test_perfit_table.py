@@ -28,6 +28,8 @@ def test_table_runs_rows_tabulates_and_plots_masks(tmp_path: Path) -> None:
         assert set(results[f"{row}-pathological"]["personal/rougeL_by_seed"]) == {"0"}
     masks = results["masks"]
     assert masks["modules"] == ["k_proj", "q_proj", "v_proj"] and len(masks["overlap"]) == 4
+    assert sum(group["pairs"] for group in masks["by_shared"].values()) == 6  # 4 clients, 6 pairs
+    assert "Mask overlap (Jaccard) between the 4 searched clients of one PerFIT run" in table
     assert (tmp_path / "results" / "table-perfit-tiny-masks.png").read_bytes().startswith(b"\x89PNG")
     perfit_table.main([*argv, "--table-only"])
 
@@ -99,3 +101,19 @@ def test_a_rows_facts_come_from_its_smallest_seed_whatever_the_order_asked(tmp_p
     # seed 0 decides the row's facts, as it does when "carried or not" is decided
     assert result["mb_up_per_round"] == 5.0
     assert perfit_table.summarise(runs, {f"{perfit_table.METRIC}_by_seed": {"0": 1.0}}) == result
+
+
+def test_mask_overlap_is_grouped_by_the_categories_two_clients_share() -> None:
+    import numpy as np
+
+    overlap = np.array(
+        [[1.0, 0.8, 0.4, 0.2], [0.8, 1.0, 0.6, 0.3], [0.4, 0.6, 1.0, 0.5], [0.2, 0.3, 0.5, 1.0]]
+    )
+    categories = {"a": {"x", "y"}, "b": {"x", "y"}, "c": {"x", "z"}, "d": {"w", "v"}}
+    groups = perfit_table.overlap_by_shared(overlap, ["a", "b", "c", "d"], categories)
+    assert {k: g["pairs"] for k, g in groups.items()} == {2: 1, 1: 2, 0: 3}
+    assert groups[2]["mean"] == 0.8 and groups[1]["mean"] == 0.5
+    assert abs(groups[0]["mean"] - (0.2 + 0.3 + 0.5) / 3) < 1e-12
+    lines = perfit_table.overlap_lines({"clients": ["a", "b", "c", "d"], "by_shared": groups})
+    assert lines[1].endswith("2 shared: 0.800 ± 0.000 (1 pairs); 1 shared: 0.500 ± 0.100 (2 pairs); "
+                             "0 shared: 0.333 ± 0.125 (3 pairs).")  # fmt: skip
