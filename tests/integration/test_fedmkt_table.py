@@ -79,8 +79,8 @@ def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
     lines = fedmkt_table.ordering(table, ["s"])
     assert lines[0] == "- s: Zero-shot 50.0 < Standalone 57.5 < FedMKT 59.0: **holds**, in 1 of 2 seeds"
     assert lines[1] == (
-        "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0, FedMKT - Centralized -10.0): "
-        "**does not hold**, in 1 of 2 seeds"
+        "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0 on the same seed, FedMKT - Centralized "
+        "+0.0): **does not hold**, in 1 of 2 seeds"
     )
 
 
@@ -142,3 +142,17 @@ def test_set_changes_the_config_the_table_reads_and_each_run_keeps_its_own_model
     models = {name: [o for o in run if o.startswith("model.name=")][-1] for name, run in jobs.items()}
     assert models[f"wic-centralized-{slm}-s0"] == f"model.name={slm}"
     assert models["wic-centralized-llm-s0"] == models["wic-one-fedmkt-s0"] == "model.name=tiny-qwen2-spm"
+
+
+def test_the_llm_is_compared_with_centralized_on_the_seeds_both_have() -> None:
+    """The centralized runs are shared by the settings and may have more seeds than a setting's own
+    FedMKT runs: the difference must not mix seed sets."""
+    table = {
+        "zeroshot": {"llm": {"0": 0.2}},
+        "fedmkt": {"llm": {"0": 0.3}},
+        "centralized": {"llm": {"0": 0.4, "1": 0.6}},
+    }
+    assert fedmkt_table.ordering(table, []) == [
+        "- LLM: Zero-shot 20.0 < FedMKT 30.0 (Centralized 40.0 on the same seed, FedMKT - Centralized "
+        "-10.0): **holds**"
+    ]
