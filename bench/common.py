@@ -191,9 +191,14 @@ def panel_grid(
     return figure, axes[:count], [line[0] for line in grid]
 
 
+def sibling(stem: Path, suffix: str) -> Path:
+    """``<stem><suffix>``; not ``with_suffix``, which cuts a name holding a dot ("llm1.5b", "s0.33")."""
+    return stem.with_name(stem.name + suffix)
+
+
 def earlier_results(stem: Path) -> dict[str, Any]:
     """The per-row results of a table's previous write (``<stem>.json``), or {} when there is none."""
-    path = stem.with_suffix(".json")
+    path = sibling(stem, ".json")
     if not path.is_file():
         return {}
     try:
@@ -213,7 +218,7 @@ def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done
 def write_table(stem: Path, text: str, config: str, command: str, results: Any) -> None:
     """A paper-table script's output: ``<stem>.md`` (what it prints) and ``<stem>.json`` (the numbers)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(text if text.endswith("\n") else text + "\n")
+    sibling(stem, ".md").write_text(text if text.endswith("\n") else text + "\n")
     record = {"config": config, "command": command, "machine": machine_info(), "results": results}
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    sibling(stem, ".json").write_text(json.dumps(record, indent=1))
     print(text)

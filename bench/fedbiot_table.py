@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.common import DEFAULT_RESULTS_DIR, markdown_table, sibling, write_table
 from bench.fedpt_table import final_eval, read_rows
 
 OFFSITE = [
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         results = {key: summarise(paths, metric) for key, paths in dirs.items()}
         text = markdown(cfg, metric, results, args.dropouts, command)
         stem = args.results_dir / f"table-{cfg.name}"
-        plot(cfg, metric, results, args.dropouts, stem.with_suffix(".png"))
+        plot(cfg, metric, results, args.dropouts, sibling(stem, ".png"))
     write_table(stem, text, cfg.name, command, results)
 
 

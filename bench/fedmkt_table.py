@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import earlier_results, markdown_table, panel_grid, table_parser, write_table
+from bench.common import earlier_results, markdown_table, panel_grid, sibling, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 DATASETS: dict[str, list[str]] = {
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python bench/fedmkt_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
     write_table(stem, text, str(args.config), command, results)
-    figure = plot(cfg, results, stem.with_name(stem.name + ".png"))
+    figure = plot(cfg, results, sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
 

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, panel_grid, table_parser, write_table
+from bench.common import markdown_table, panel_grid, sibling, table_parser, write_table
 from bench.perfit_table import _finished, read_rows, run_one
 
 ROWS: dict[str, list[str]] = {
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
     write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
-    plot(cfg, results, suffixes, stem.with_suffix(".png"))
+    plot(cfg, results, suffixes, sibling(stem, ".png"))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import carried_seeds, earlier_results, markdown_table, table_parser, write_table
+from bench.common import carried_seeds, earlier_results, markdown_table, sibling, table_parser, write_table
 
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
     finished = [p for p in perfit_runs if (rows := read_rows(p)) and _finished(p, rows)]
     if finished:  # a run still going may hold no masks yet
-        results["masks"] = mask_plot(finished[0], stem.with_name(stem.name + "-masks.png"))
+        results["masks"] = mask_plot(finished[0], sibling(stem, "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
     rows = {key: result for key, result in results.items() if key != "masks"}
