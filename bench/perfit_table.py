@@ -286,14 +286,23 @@ def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
     left.set_xlabel("layer")
     left.set_title("kept share of the expanded LoRA entries (mean over clients)")
     figure.colorbar(image, ax=left)
-    image = right.imshow(overlap, cmap="magma", vmin=0, vmax=1)
+    shown = overlap.copy()
+    np.fill_diagonal(shown, np.nan)  # 1 by definition; it would squash the colour scale
+    others = shown[~np.isnan(shown)]
+    low, high = (float(others.min()), float(others.max())) if others.size else (0.0, 1.0)
+    image = right.imshow(shown, cmap="magma", vmin=low, vmax=max(high, low + 1e-6))
     if len(clients) <= 30:
         right.set_xticks(range(len(clients)), clients, rotation=90, fontsize=7)
         right.set_yticks(range(len(clients)), labels, fontsize=7)
     else:  # too many to name: ordered by categories, so blocks are clients of the same two
         right.set_xlabel(f"{len(clients)} clients, ordered by their categories")
-    means = ", ".join(f"{k} shared: {v['mean']:.2f}" for k, v in sorted(by_shared.items(), reverse=True))
-    right.set_title(f"mask overlap between clients (Jaccard)\nmean by categories shared: {means}", fontsize=9)
+    shared = sorted(by_shared, reverse=True)
+    means = " / ".join(f"{by_shared[k]['mean']:.2f}" for k in shared)
+    right.set_title(
+        "mask overlap between clients (Jaccard)\n"
+        f"mean for pairs sharing {' / '.join(map(str, shared))} categories: {means}",
+        fontsize=9,
+    )
     figure.colorbar(image, ax=right)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
