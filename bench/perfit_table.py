@@ -139,7 +139,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
         # the row's first seed is carried: so are the facts read off its run (the previous table
         # took them from its own first seed)
-        kept = ("by_client", "mb_up_per_round", "mb_down_per_round", "before")
+        kept = ("by_client", "mb_up_per_round", "mb_down_per_round", "before", "sampled", "by_client_before")
         return out | {key: earlier[key] for key in kept if key in earlier}
     first_seed = min(finals, key=int)  # as above: the row's facts are those of its smallest seed
     first = finals[first_seed]
@@ -151,7 +151,60 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     start = [r for r in read_rows(done) if r.get("round") == 0 and METRIC in r.get("eval", {})]
     if start:
         out["before"] = start[0]["eval"][METRIC]
+        out["by_client_before"] = {c: m["perplexity"] for c, m in start[0].get("eval_by_client", {}).items()}
+    sampled: dict[str, int] = {}
+    for row in rows:
+        for client in row.get("clients", []):
+            sampled[client] = sampled.get(client, 0) + 1
+    out["sampled"] = sampled
     return out
+
+
+def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[str]:
+    """Each row's personalised perplexity by how many rounds a client was sampled, from each row's
+    first seed (the rows of one seed sample the same clients in the same rounds): where a personal
+    model gains or loses against FIT's global one."""
+    lines: list[str] = []
+    for part in partitions:
+        rows = {k: r for k, r in results.items() if k.endswith(f"-{part}") and r.get("by_client")}
+        if len(rows) < 2:
+            continue
+        first = next(iter(rows.values()))
+        clients = sorted(first["by_client"])
+        counts = {c: first.get("sampled", {}).get(c, 0) for c in clients}
+        if not all(r.get("sampled") for r in rows.values()):
+            why = "a row's first seed was kept from an earlier results file that did not record it"
+            lines += ["", f"({part}: no breakdown by sampling: {why})"]
+            continue
+        if any(sorted(r["by_client"]) != clients or r["sampled"] != first["sampled"] for r in rows.values()):
+            why = "the rows' first seeds sampled different clients"
+            lines += ["", f"({part}: no breakdown by sampling: {why})"]
+            continue
+        buckets: dict[str, list[str]] = {}
+        for client in clients:
+            n = counts[client]
+            buckets.setdefault(str(n) if n < 4 else "4+", []).append(client)
+        table = []
+        for bucket in sorted(buckets, key=lambda b: int(b.rstrip("+"))):
+            members = buckets[bucket]
+            before = [first.get("by_client_before", {}).get(c) for c in members]
+            table.append(
+                [
+                    bucket,
+                    str(len(members)),
+                    f"{np.mean(before):.2f}" if None not in before else "-",
+                    *(f"{np.mean([r['by_client'][c] for c in members]):.2f}" for r in rows.values()),
+                ]
+            )
+        labels = [LABELS[k.rsplit("-", 1)[0]] for k in rows]
+        lines += [
+            "",
+            f"{part}: personalised perplexity by the number of rounds a client was sampled (each row's first "
+            "seed; a client never sampled keeps the base model in the personal rows):",
+            "",
+            markdown_table(["rounds sampled", "clients", "base", *labels], table),
+        ]
+    return lines
 
 
 def _cell(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
@@ -407,7 +460,11 @@ def main(argv: list[str] | None = None) -> None:
         results["masks"] = earlier["masks"]
     rows = {key: result for key, result in results.items() if key != "masks"}
     text = "\n".join(
-        [markdown(cfg, rows, args.partitions, command), *overlap_lines(results.get("masks", {}))]
+        [
+            markdown(cfg, rows, args.partitions, command),
+            *by_sampling(rows, args.partitions),
+            *overlap_lines(results.get("masks", {})),
+        ]
     )
     write_table(stem, text, cfg.name, command, results)
 

@@ -21,6 +21,7 @@ def test_table_runs_rows_tabulates_and_plots_masks(tmp_path: Path) -> None:
     assert "| FIT (FedIT, rank r) | pathological |" in table and "| PerFIT s = 0.5 | pathological |" in table
     assert "| Standalone (rank r, own data only) | pathological |" in table
     assert "- pathological, PerFIT s = 0.5 < FIT:" in table and "personal Rouge-L" in table
+    assert "| rounds sampled | clients | base | FIT (FedIT, rank r) | Standalone" in table  # same sampling
     results = json.loads((tmp_path / "results" / "table-perfit-tiny.json").read_text())["results"]
     assert results["perfit_s0.5-pathological"]["seeds"] == 1
     assert len(results["perfit_s0.5-pathological"]["by_client"]) == 4
@@ -117,3 +118,32 @@ def test_mask_overlap_is_grouped_by_the_categories_two_clients_share() -> None:
     lines = perfit_table.overlap_lines({"clients": ["a", "b", "c", "d"], "by_shared": groups})
     assert lines[1].endswith("2 shared: 0.800 ± 0.000 (1 pairs); 1 shared: 0.500 ± 0.100 (2 pairs); "
                              "0 shared: 0.333 ± 0.125 (3 pairs).")  # fmt: skip
+
+
+def test_rows_are_broken_down_by_how_often_a_client_was_sampled() -> None:
+    sampled = {"c0": 0, "c1": 1, "c2": 1, "c3": 5}
+    before = {"c0": 10.0, "c1": 12.0, "c2": 14.0, "c3": 20.0}
+    fit = {"by_client": {"c0": 8.0, "c1": 9.0, "c2": 11.0, "c3": 6.0}, "sampled": sampled}
+    perfit = {"by_client": {"c0": 10.0, "c1": 10.0, "c2": 12.0, "c3": 7.0}, "sampled": sampled}
+    fit["by_client_before"] = before
+    results = {"fit-pathological": fit, "perfit_s0.5-pathological": perfit, "fit-dirichlet": fit}
+    lines = perfit_table.by_sampling(results, ["pathological", "dirichlet"])
+    text = "\n".join(lines)
+    assert "| rounds sampled | clients | base | FIT (FedIT, rank r) | PerFIT s = 0.5 |" in text
+    assert "| 0 | 1 | 10.00 | 8.00 | 10.00 |" in text
+    assert "| 1 | 2 | 13.00 | 10.00 | 11.00 |" in text
+    assert "| 4+ | 1 | 20.00 | 6.00 | 7.00 |" in text
+    assert "dirichlet" not in text  # one row alone has nothing to compare
+    other = {**perfit, "sampled": {**sampled, "c0": 1, "c1": 0}}
+    lines = perfit_table.by_sampling(
+        {"fit-pathological": fit, "perfit_s0.5-pathological": other}, ["pathological"]
+    )
+    assert lines == [
+        "",
+        "(pathological: no breakdown by sampling: the rows' first seeds sampled different clients)",
+    ]
+    kept = {k: v for k, v in perfit.items() if k != "sampled"}
+    lines = perfit_table.by_sampling(
+        {"fit-pathological": fit, "perfit_s0.5-pathological": kept}, ["pathological"]
+    )
+    assert "kept from an earlier results file" in lines[1]
