@@ -6,6 +6,8 @@
     python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --table-only
     python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --seeds 0 1 2 --keep-earlier  # runs lost
 
+Partitions (``--partitions``): ``pathological``, ``dirichlet`` (alpha 0.5) and ``iid`` (random equal
+shards, the paper's domain sets: ``configs/paper/perfit-smollm2-arith.yaml``).
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s<seed>``):
 - ``fit``: FIT = FedIT with the budget rank r on the same modules (the same trainable count),
   evaluated the same way (each client on its own held-out split, the global adapter);
@@ -69,6 +71,7 @@ LABELS = {
 PARTITIONS: dict[str, list[str]] = {
     "pathological": ["data.partition.scheme=pathological"],
     "dirichlet": ["data.partition.scheme=dirichlet", "data.partition.alpha=0.5"],
+    "iid": ["data.partition.scheme=iid"],  # random equal shards: the paper's domain sets (its Table 1)
 }
 METRIC = "personal/perplexity"
 ROUGE = "personal/rougeL"  # in runs whose eval.metrics hold rougeL (greedy answers to held-out prompts)
