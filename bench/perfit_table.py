@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -148,18 +149,15 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     first = finals[first_seed]
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
     done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] == first_seed)
-    rows = [r for r in read_rows(done) if r.get("round", 0) > 0]
+    every = read_rows(done)
+    rows = [r for r in every if r.get("round", 0) > 0]
     out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 1e6
     out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 1e6
-    start = [r for r in read_rows(done) if r.get("round") == 0 and METRIC in r.get("eval", {})]
+    start = [r for r in every if r.get("round") == 0 and METRIC in r.get("eval", {})]
     if start:
         out["before"] = start[0]["eval"][METRIC]
         out["by_client_before"] = {c: m["perplexity"] for c, m in start[0].get("eval_by_client", {}).items()}
-    sampled: dict[str, int] = {}
-    for row in rows:
-        for client in row.get("clients", []):
-            sampled[client] = sampled.get(client, 0) + 1
-    out["sampled"] = sampled
+    out["sampled"] = dict(Counter(client for row in rows for client in row.get("clients", [])))
     return out
 
 
@@ -174,7 +172,6 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
             continue
         first = next(iter(rows.values()))
         clients = sorted(first["by_client"])
-        counts = {c: first.get("sampled", {}).get(c, 0) for c in clients}
         if not all(r.get("sampled") for r in rows.values()):
             why = "a row's first seed was kept from an earlier results file that did not record it"
             lines += ["", f"({part}: no breakdown by sampling: {why})"]
@@ -185,7 +182,7 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
             continue
         buckets: dict[str, list[str]] = {}
         for client in clients:
-            n = counts[client]
+            n = first["sampled"].get(client, 0)
             buckets.setdefault(str(n) if n < 4 else "4+", []).append(client)
         table = []
         for bucket in sorted(buckets, key=lambda b: int(b.rstrip("+"))):
