@@ -223,7 +223,8 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
 
     def mean(row: str, key: str) -> float | None:
         values = table.get(row, {}).get(key)
-        return float(np.mean(list(values.values()))) if values else None
+        # rounded: equal means of fractions must compare equal whatever order float summed them in
+        return round(float(np.mean(list(values.values()))), 12) if values else None
 
     def per_seed(rows: list[str], key: str) -> list[list[float]]:
         columns = [table.get(row, {}).get(key, {}) for row in rows]

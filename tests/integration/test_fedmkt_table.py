@@ -156,3 +156,14 @@ def test_the_llm_is_compared_with_centralized_on_the_seeds_both_have() -> None:
         "- LLM: Zero-shot 20.0 < FedMKT 30.0 (Centralized 40.0 on the same seed, FedMKT - Centralized "
         "-10.0): **holds**"
     ]
+
+
+def test_equal_means_are_a_tie_whatever_the_float_order_of_summing() -> None:
+    """defchoice, seeds 0-2: the LLM's Zero-shot and FedMKT accuracies both sum to 106 of 288, but
+    summed in float their means differed in the last bit and the tie read as **holds**."""
+    table = {
+        "zeroshot": {"llm": {"0": 38 / 96, "1": 33 / 96, "2": 35 / 96}},
+        "fedmkt": {"llm": {"0": 37 / 96, "1": 32 / 96, "2": 37 / 96}},
+    }
+    (line,) = fedmkt_table.ordering(table, [])
+    assert line == "- LLM: Zero-shot 36.8 < FedMKT 36.8: **does not hold**, in 1 of 3 seeds"
