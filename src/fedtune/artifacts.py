@@ -55,7 +55,7 @@ def load_final_model(run_dir: Path, fedbiot_model: str = "full") -> tuple[Any, A
 def evaluate_run(
     run_dir: Path, split: str | None = None, max_examples: int | None = None, fedbiot_model: str = "full"
 ) -> EvalResult:
-    from fedtune.runner import prepare_data
+    from fedtune.data.rundata import prepare_data
 
     cfg = load_run_config(run_dir)
     if split:

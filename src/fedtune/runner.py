@@ -14,7 +14,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,10 @@ from fedtune import __version__
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
-from fedtune.data.fingerprint import absolute_data_path, check_fingerprint, data_fingerprint
-from fedtune.data.partition import category_counts, holdout_split, partition_records
-from fedtune.data.records import DataError, Record
+from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
+from fedtune.data.partition import category_counts
+from fedtune.data.records import DataError
+from fedtune.data.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
 from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
 from fedtune.fl.checkpoint import (
@@ -51,103 +51,10 @@ from fedtune.units import megabytes
 log = logging.getLogger("fedtune")
 
 
-@dataclass
-class RunData:
-    clients: dict[str, list[Record]]
-    eval_records: list[Record]
-    public_records: list[Record]
-    validation_records: list[Record] = field(default_factory=list)
-    extra_eval: dict[str, list[Record]] = field(default_factory=dict)
-    client_eval: dict[str, list[Record]] = field(default_factory=dict)
-    """Each client's held-out split (``eval.personal``); empty otherwise."""
-
-
 FederationFactory = Callable[
     [ExperimentConfig, Mapping[str, ClientTask], RunData, Resources], ServerFederation
 ]
 """Builds the backend's Federation from the run's config, client tasks, data and server resources."""
-
-
-def _load(spec: str, split: str, cfg: ExperimentConfig) -> list[Record]:
-    from fedtune.data.loaders import load_dataset_records
-
-    return load_dataset_records(spec, split, format=cfg.data.format, schema=cfg.data.schema_)
-
-
-def _subsample(records: list[Record], limit: int | None, seed: int) -> list[Record]:
-    if limit is None or len(records) <= limit:
-        return records
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    return [records[i] for i in sorted(order[:limit])]
-
-
-def prepare_data(cfg: ExperimentConfig) -> RunData:
-    """Client partitions, the evaluation set and the public set, all deterministic in the seed."""
-    from fedtune.data.builtin import list_builtin
-
-    data = cfg.data
-    builtin = {info.name: info for info in list_builtin()}
-    train = _subsample(_load(data.dataset, "train", cfg), data.max_train_examples, cfg.seed)
-    eval_spec = data.eval_dataset or data.dataset
-    if eval_spec in builtin or data.eval_dataset:
-        eval_records = _load(eval_spec, data.eval_split, cfg)
-    else:
-        # A single user file: hold out 10% of it (seeded) for evaluation.
-        held = set(random.Random(cfg.seed).sample(range(len(train)), max(1, len(train) // 10)))
-        eval_records = [r for i, r in enumerate(train) if i in held]
-        train = [r for i, r in enumerate(train) if i not in held]
-    eval_records = _subsample(eval_records, cfg.eval.max_examples, cfg.seed + 1)
-    info = builtin.get(data.dataset)
-    public = _load(data.dataset, "public", cfg) if info and "public" in info.splits else []
-    validation = (
-        _subsample(_load(data.dataset, "validation", cfg), cfg.eval.max_examples, cfg.seed + 2)
-        if info and "validation" in info.splits
-        else []
-    )
-    extra = {
-        name: _subsample(_load(name, data.eval_split, cfg), cfg.eval.max_examples, cfg.seed + 1)
-        for name in cfg.eval.extra_datasets
-    }
-    if cfg.fed.mode == "centralized":
-        clients = {"central": train}
-    else:
-        part = data.partition
-        clients = partition_records(
-            train,
-            scheme=part.scheme,
-            num_clients=part.num_clients,
-            by=part.by,
-            alpha=part.alpha,
-            classes_per_client=part.classes_per_client,
-            min_partition_size=part.min_partition_size,
-            seed=cfg.seed,
-        )
-    client_eval: dict[str, list[Record]] = {}
-    if cfg.eval.personal:
-        for cid in list(clients):
-            clients[cid], client_eval[cid] = holdout_split(clients[cid], data.holdout, cfg.seed, cid)
-    return RunData(clients, eval_records, public, validation, extra, client_eval)
-
-
-DATA_FINGERPRINT = "data_fingerprint.json"
-
-
-def data_specs(cfg: ExperimentConfig) -> dict[str, str]:
-    """Every dataset the run reads, by the config key that names it."""
-    specs = {"data.dataset": cfg.data.dataset}
-    if cfg.data.eval_dataset:
-        specs["data.eval_dataset"] = cfg.data.eval_dataset
-    specs.update({f"eval.extra_datasets[{i}]": name for i, name in enumerate(cfg.eval.extra_datasets)})
-    return specs
-
-
-def pin_data_paths(cfg: ExperimentConfig) -> None:
-    """Make data file paths absolute, so a resume from another directory reads the same files."""
-    cfg.data.dataset = absolute_data_path(cfg.data.dataset)
-    if cfg.data.eval_dataset:
-        cfg.data.eval_dataset = absolute_data_path(cfg.data.eval_dataset)
-    cfg.eval.extra_datasets = [absolute_data_path(name) for name in cfg.eval.extra_datasets]
 
 
 def _versions() -> dict[str, str]:

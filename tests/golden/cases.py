@@ -24,6 +24,12 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedpt": ("fedpt", ()),
     "fedbiot": ("fedbiot", ()),
     "offsite-tuning": ("fedbiot", ("fedbiot.split=first_last", "fedbiot.align_steps=0")),
+    "fedavgm": ("fedavgm", ()),
+    "fedmkt": ("fedmkt", ()),
+    "perfit": ("perfit", ()),
+    "fedpft": ("fedpft", ()),
+    "fedot": ("fedpft", ("fedpft.submodel=layerdrop",)),
+    "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),
 }
 
 # Wall-clock and memory readings differ from run to run; everything else is pinned.

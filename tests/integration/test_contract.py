@@ -89,7 +89,7 @@ def is_float(value: object) -> bool:
 
 def private_texts(cfg: Any) -> set[str]:
     """The clients' own training texts (longer than 8 characters): what must never cross the wire."""
-    from fedtune.runner import prepare_data
+    from fedtune.data.rundata import prepare_data
 
     clients = prepare_data(cfg).clients.values()
     return {t for recs in clients for r in recs for t in (r.instruction, r.output) if len(t) > 8}
@@ -154,7 +154,7 @@ def test_the_leak_check_sees_strings_token_ids_and_bytes() -> None:
 
 
 def cfg_clients(cfg: Any) -> list[str]:
-    from fedtune.runner import prepare_data
+    from fedtune.data.rundata import prepare_data
 
     return list(prepare_data(cfg).clients)
 

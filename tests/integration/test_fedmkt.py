@@ -11,9 +11,9 @@ import pytest
 from fedtune.algorithms.fedmkt.algorithm import ADAPTER, LLM, PUBLIC, FedMKT, public_subset
 from fedtune.algorithms.fedmkt.transfer import public_view
 from fedtune.config import ConfigError
+from fedtune.data.rundata import prepare_data
 from fedtune.fl.payload import Payload
 from fedtune.resources import Resources
-from fedtune.runner import prepare_data
 from tests.integration.helpers import quiet_runner, tiny_config
 
 KNOWLEDGE = {"loss", "ids", "values"}
