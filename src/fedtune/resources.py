@@ -16,7 +16,7 @@ from peft import PeftModel
 from transformers import PreTrainedTokenizerBase
 
 from fedtune.config import ExperimentConfig, ModelConfig
-from fedtune.models.lora import adapter_arrays, attach_lora
+from fedtune.models.lora import adapter_arrays, build_lora
 from fedtune.models.spec import ModelSpec
 
 T = TypeVar("T")
@@ -74,17 +74,7 @@ class Resources:
 
         def build() -> tuple[PeftModel, PreTrainedTokenizerBase]:
             model, tokenizer = self.base_lm()
-            lora = self.cfg.lora
-            targets = None if lora.target_modules == "auto" else lora.target_modules
-            peft_model = attach_lora(
-                model,
-                r=lora.r,
-                alpha=lora.alpha,
-                dropout=lora.dropout,
-                target_modules=targets,
-                seed=self.cfg.seed,
-            )
-            return peft_model, tokenizer
+            return build_lora(model, self.cfg.lora, seed=self.cfg.seed), tokenizer
 
         return self.get("lora_lm", build)
 

@@ -31,7 +31,7 @@ from fedtune.data.partition import category_counts
 from fedtune.data.records import DataError
 from fedtune.data.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
 from fedtune.errors import RunError
-from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
+from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.checkpoint import (
     CheckpointDamaged,
     atomic_write_text,
@@ -297,18 +297,13 @@ class Runner:
         progress: RunProgress,
     ) -> dict[str, Any]:
         progress.phase(f"r{rnd} evaluating")
-        results = [algorithm.evaluate(rnd, server, fed)]
+        results = [algorithm.evaluate(rnd, server, fed, EvalSet("", server.eval_records))]
         if self.cfg.eval.personal:
             progress.phase(f"r{rnd} evaluating on the clients' held-out data")
             results.append(algorithm.evaluate_clients(rnd, server, fed))
-        primary = server.eval_records
-        try:
-            for name, records in server.extra_eval.items():
-                progress.phase(f"r{rnd} evaluating on {name}")
-                server.eval_records = records
-                results.append(prefixed(algorithm.evaluate(rnd, server, fed), f"{name}/"))
-        finally:
-            server.eval_records = primary
+        for name, records in server.extra_eval.items():
+            progress.phase(f"r{rnd} evaluating on {name}")
+            results.append(prefixed(algorithm.evaluate(rnd, server, fed, EvalSet(name, records)), f"{name}/"))
         return _eval_row(merge_results(*results))
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
@@ -345,7 +340,7 @@ class Runner:
             progress.progress.update(progress.rounds_task, completed=last)
             for rnd in range(last + 1, rounds + 1):
                 self._one_round(rnd, algorithm, fed, server, progress)
-        self._save_artifacts(algorithm, server)
+        algorithm.save_final(server, self.run_dir / "artifacts")
         self.print_summary()
         return self.history
 
@@ -372,30 +367,6 @@ class Runner:
             self._checkpoint(rnd, algorithm, fed)
             self._append_metrics(row)
         progress.end_round(rnd, _round_summary(row))
-
-    def _save_artifacts(self, algorithm: Algorithm, server: ServerContext) -> None:
-        final = getattr(algorithm, "final_adapter", None)
-        if final is None:
-            # Not a LoRA adapter on the configured model (e.g. FedBiOT's adapter layers): its own files.
-            algorithm.write_artifacts(self.run_dir / "artifacts")
-            return
-        from fedtune.models.lora import load_adapter
-
-        model, _ = server.resources.lora_lm()
-        load_adapter(model, final())
-        target = self.run_dir / "artifacts" / "adapter"
-        model.save_pretrained(str(target))
-        (self.run_dir / "artifacts" / "meta.json").write_text(
-            json.dumps(
-                {
-                    "base_model": self.cfg.model.name,
-                    "template": self.cfg.data.template,
-                    "algorithm": self.cfg.algorithm,
-                },
-                indent=1,
-            )
-        )
-        algorithm.write_artifacts(self.run_dir / "artifacts")
 
     def print_summary(self) -> None:
         self.console.print(summary_table(self.history, self.cfg.name))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedtune.algorithms.fedbiot import ClientCacheMiss, FedBiOT
+from fedtune.eval.evaluate import EvalSet
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload
 from fedtune.models.loading import load_causal_lm
@@ -169,7 +170,7 @@ def test_offsite_tuning_is_one_client_with_all_data(tmp_path: Path) -> None:
 def test_round_zero_adapfu_is_the_pretrained_model(tmp_path: Path) -> None:
     cfg = tiny_config("fedbiot")
     algorithm, fed, server = _built(cfg, tmp_path / "run")
-    zero = algorithm.evaluate(0, server, fed).metrics
+    zero = algorithm.evaluate(0, server, fed, EvalSet("", server.eval_records)).metrics
     original, tokenizer = load_causal_lm(cfg.model.name, seed=cfg.seed)
     from fedtune.eval.evaluate import evaluate_lm
 
@@ -324,24 +325,25 @@ def test_alignment_clip_norm_is_its_own_setting(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("adapter_mode", ["full", "lora"])
 def test_generate_and_eval_work_on_a_fedbiot_run(adapter_mode: str, tmp_path: Path) -> None:
-    from fedtune.artifacts import evaluate_run, generate_from_run, load_final_model
+    from fedtune.algorithms.final import FinalModelError
+    from fedtune.artifacts import evaluate_run, generate_from_run, load_final
 
     cfg = tiny_config("fedbiot", "fed.rounds=1", f"fedbiot.adapter_mode={adapter_mode}")
     history = quiet_runner(cfg, tmp_path / "run").run()
 
     texts = generate_from_run(tmp_path / "run", ["Define 'harbor'."], max_new_tokens=3)
-    emulated = generate_from_run(
-        tmp_path / "run", ["Define 'harbor'."], max_new_tokens=3, fedbiot_model="emulator"
-    )
+    emulated = generate_from_run(tmp_path / "run", ["Define 'harbor'."], max_new_tokens=3, variant="adapemu")
     assert len(texts) == 1 and len(emulated) == 1
-    for which, prefix in (("full", "adapfu/"), ("emulator", "adapemu/")):
-        result = evaluate_run(tmp_path / "run", fedbiot_model=which)
+    for which, prefix in ((None, "adapfu/"), ("adapfu", "adapfu/"), ("adapemu", "adapemu/")):
+        result = evaluate_run(tmp_path / "run", variant=which)
         assert result.metrics["perplexity"] == pytest.approx(
             history[-1]["eval"][f"{prefix}perplexity"], rel=1e-5
         )
-    full, _, _ = load_final_model(tmp_path / "run")
-    emulator, _, _ = load_final_model(tmp_path / "run", "emulator")
+    full = load_final(tmp_path / "run").model  # type: ignore[attr-defined]
+    emulator = load_final(tmp_path / "run", "adapemu").model  # type: ignore[attr-defined]
     assert sum(p.numel() for p in emulator.parameters()) < sum(p.numel() for p in full.parameters())
+    with pytest.raises(FinalModelError, match="adapfu, adapemu"):
+        load_final(tmp_path / "run", "emulator")
 
 
 def test_fp16_wire_halves_the_emulator_bytes(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from fedtune.algorithms.fedpft.algorithm import APOZ, FFN, FROZEN, TUNED
 from fedtune.algorithms.fedpft.final import TUNED_FILE
+from fedtune.algorithms.final import FinalModelError
 from fedtune.fl.broadcast import load_npz, save_npz
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
@@ -179,7 +180,7 @@ def test_fedtune_eval_scores_the_plugged_in_model_like_the_last_round(tmp_path: 
     assert 0 < result.metrics["accuracy"] == pytest.approx(history[-1]["eval"]["accuracy"])
     assert result.by_category == history[-1]["eval_by_category"]
     assert result.metrics["macro_f1"] == pytest.approx(history[-1]["eval"]["macro_f1"])
-    with pytest.raises(ValueError, match="classifies"):
+    with pytest.raises(FinalModelError, match="does not generate"):
         generate_from_run(tmp_path, ["hello"])
 
     # A tuned state without the head would score a random head: refused, naming the file.

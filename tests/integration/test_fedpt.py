@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedtune.algorithms.fedpt import FedPT, kd_loss
+from fedtune.eval.evaluate import EvalSet
 from fedtune.fl.payload import Payload
 from fedtune.models.loading import load_causal_lm
 from fedtune.progress import RunProgress
@@ -174,7 +175,7 @@ def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
 
     cfg = tiny_config("fedpt", "fed.rounds=1", "eval.metrics=[rougeL]")
     algorithm, fed, server = _built(cfg, tmp_path / "run")
-    proxy_result = algorithm.evaluate(0, server, fed)
+    proxy_result = algorithm.evaluate(0, server, fed, EvalSet("", server.eval_records))
     large, tokenizer = load_causal_lm(cfg.fedpt.large_model, seed=cfg.seed)
     from fedtune.data.templates import build_prompt
 

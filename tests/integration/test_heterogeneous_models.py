@@ -11,7 +11,7 @@ import torch
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.fedit import FedITConfig
 from fedtune.data.tokenize import encode_records, make_batches
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
@@ -64,7 +64,7 @@ class HeteroProbe(Algorithm[ProbeConfig]):
             clients, sum(losses) / len(losses), sum(int(r["num_examples"]) for r in replies.values()), 0
         )
 
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         return EvalResult({})
 
     def state_dict(self) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def test_a_node_loads_only_what_its_clients_tasks_ask_for(tmp_path: Path) -> Non
     """A SuperNode's runtime loads nothing up front; a FedBiOT client never loads the LLM at all."""
     import yaml
 
-    from fedtune.fl.flower.node import build_runtime, execute
+    from fedtune.flower.node import build_runtime, execute
     from tests.integration.test_fedbiot import _built
 
     cfg = tiny_config("fedbiot", "fed.rounds=1")

@@ -90,7 +90,7 @@ def test_standalone_with_sampling_starts_new_clients_from_the_initial_adapter(tm
 
 
 def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path) -> None:
-    from fedtune.algorithms.fedit import evaluate_adapter
+    from fedtune.algorithms.adapters import evaluate_adapter
 
     cfg = tiny_config("fedit", "fed.mode=standalone", "fed.rounds=1")
     history = quiet_runner(cfg, tmp_path / "run").run()

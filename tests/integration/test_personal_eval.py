@@ -13,7 +13,7 @@ from tests.integration.helpers import quiet_runner, tiny_config
 
 
 def test_standalone_personal_eval_is_each_clients_adapter_on_its_own_held_out_data(tmp_path: Path) -> None:
-    from fedtune.algorithms.fedit import evaluate_adapter
+    from fedtune.algorithms.adapters import evaluate_adapter
     from fedtune.data.rundata import prepare_data
 
     cfg = tiny_config("fedit", "fed.mode=standalone", "fed.rounds=1", "eval.personal=true")

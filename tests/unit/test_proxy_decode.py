@@ -14,9 +14,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+import fedtune.algorithms.fedpt as fedpt
 import fedtune.artifacts as artifacts
-from fedtune.artifacts import load_proxy_model
-from fedtune.config import dump_config, load_config
+from fedtune.algorithms.fedpt import load_proxy_model
+from fedtune.algorithms.final import FinalModelError
+from fedtune.config import dump_config, load_config, load_run_config
 from fedtune.decode.generate import (
     StepFn,
     decode_loop,
@@ -389,29 +391,35 @@ def test_load_proxy_model_takes_alpha_from_the_argument_then_proxy_json_then_con
 def test_load_proxy_model_rejects_a_proxy_json_for_another_large_model(tmp_path: Path) -> None:
     run_dir = fedpt_run(tmp_path, {"alpha": 1.3, "large_model": "tiny-qwen2"})
 
-    with pytest.raises(ValueError, match="tiny-qwen2"):
+    with pytest.raises(FinalModelError, match="tiny-qwen2"):
         load_proxy_model(run_dir)
 
 
 def test_generate_from_a_fedpt_run_uses_the_proxy_model(tmp_path: Path, monkeypatch: Any) -> None:
     # Prepare: the run directory of `fedpt_run` with only the algorithm name switched, so no FedPT training.
     run_dir = fedpt_run(tmp_path, {"alpha": 1.3, "large_model": LARGE})
-    cfg = artifacts.load_run_config(run_dir).model_copy(update={"algorithm": "fedpt"})
-    monkeypatch.setattr(artifacts, "load_run_config", lambda _: cfg)
     proxy, _ = load_proxy_model(run_dir)
 
     # Execute
-    texts = artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=6, raw=True, alpha=0.5)
+    texts = artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=6, raw=True, options={"alpha": "0.5"})
+    small = artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=6, raw=True, variant="small")
 
     # Assert
     assert texts == proxy.generate(["hi"], max_new_tokens=6, alpha=0.5)
+    assert small == generate_texts(proxy.small, proxy.tokenizer, ["hi"], max_new_tokens=6)
+    with pytest.raises(FinalModelError, match="alpha applies to the proxy-tuned model"):
+        artifacts.generate_from_run(run_dir, ["hi"], variant="small", options={"alpha": "1"})
+    with pytest.raises(FinalModelError, match="not a number"):
+        artifacts.generate_from_run(run_dir, ["hi"], options={"alpha": "high"})
 
 
 def test_generate_from_a_non_fedpt_run_rejects_alpha(tmp_path: Path) -> None:
     run_dir = fedpt_run(tmp_path, None, algorithm="fedit")
 
-    with pytest.raises(ValueError, match="FedPT runs only"):
-        artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=2, alpha=1.0)
+    with pytest.raises(FinalModelError, match="no option alpha: it takes none"):
+        artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=2, options={"alpha": "1.0"})
+    with pytest.raises(FinalModelError, match="no final-model variant 'proxy'"):
+        artifacts.generate_from_run(run_dir, ["hi"], max_new_tokens=2, variant="proxy")
 
 
 def test_load_proxy_model_loads_both_models_from_the_runs_cache_dir_and_gguf_file(
@@ -420,10 +428,10 @@ def test_load_proxy_model_loads_both_models_from_the_runs_cache_dir_and_gguf_fil
     from fedtune.models import loading
 
     run_dir = fedpt_run(tmp_path, None)
-    cfg = artifacts.load_run_config(run_dir)
+    cfg = load_run_config(run_dir)
     cfg.model.cache_dir = str(tmp_path / "cache")
     cfg.model.gguf_file = "small.gguf"
-    monkeypatch.setattr(artifacts, "load_run_config", lambda _: cfg)
+    monkeypatch.setattr(fedpt, "load_run_config", lambda _: cfg)
     calls: list[tuple[str, Any, Any]] = []
     real = loading.load_causal_lm
 

@@ -11,10 +11,24 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
+from fedtune.algorithms.final import (
+    FinalModel,
+    check_options,
+    check_variant,
+    load_adapter_model,
+    save_adapter_model,
+)
 from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.errors import RunError
-from fedtune.eval.evaluate import EvalResult, client_results, evaluate_lm, payload_result, result_payload
+from fedtune.eval.evaluate import (
+    EvalResult,
+    EvalSet,
+    client_results,
+    evaluate_lm,
+    payload_result,
+    result_payload,
+)
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
@@ -83,7 +97,8 @@ class Algorithm(ABC, Generic[SectionT]):
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult: ...
 
     @abstractmethod
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult: ...
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
+        """The round's evaluation on ``eval_set`` (the primary test set, then each extra one)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]: ...
@@ -122,9 +137,42 @@ class Algorithm(ABC, Generic[SectionT]):
         results = {cid: payload_result(reply) for cid, reply in replies.items()}
         return client_results(results, {cid: int(reply[EVAL_EXAMPLES]) for cid, reply in replies.items()})
 
-    def write_artifacts(self, directory: Path) -> None:
-        """Write what decoding the final model needs beyond the adapter (called once, at the end)."""
+    # ----- the final model: what `fedtune eval` / `generate` load from a finished run ---------------
+    final_variants: ClassVar[tuple[str, ...]] = ()
+    """Named variants of the final model (``--variant``); the first is the default."""
+    final_options: ClassVar[tuple[str, ...]] = ()
+    """Keys ``load_final`` takes as ``--option KEY=VALUE``."""
+
+    def final_adapter(self) -> Mapping[str, np.ndarray] | None:
+        """The final LoRA adapter on the run's ``model:`` (saved as a standard peft directory, so the
+        default ``load_final`` serves it), or ``None`` when the final model is something else."""
         return None
+
+    def write_artifacts(self, directory: Path) -> None:
+        """Write what the final model needs beyond ``final_adapter`` (called once, at the end)."""
+        return None
+
+    def save_final(self, server: ServerContext, directory: Path) -> None:
+        """The run's final artifacts in ``directory``: the adapter, then the method's own files."""
+        directory.mkdir(parents=True, exist_ok=True)
+        adapter = self.final_adapter()
+        if adapter is not None:
+            save_adapter_model(self.cfg, server.resources, adapter, directory)
+        self.write_artifacts(directory)
+
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        """A finished run's final model; methods whose final model is not ``final_adapter`` on the
+        run's ``model:`` override this (and name their ``final_variants`` / ``final_options``)."""
+        check_variant(cls.name, cls.final_variants, variant)
+        check_options(cls.name, cls.final_options, options or {})
+        return load_adapter_model(cfg, run_dir)
 
     def clients_per_round(self, fed: Federation) -> int:
         fed_cfg = self.cfg.fed

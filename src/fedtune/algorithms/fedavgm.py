@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedtune.algorithms.base import Algorithm, RoundResult
-from fedtune.algorithms.fedit import (
+from fedtune.algorithms.adapters import (
     ADAPTER,
     collect_adapters,
     evaluate_adapter,
     fit_adapter,
     fit_round_result,
 )
+from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.config import AlgorithmConfig
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -90,8 +90,8 @@ class FedAvgM(Algorithm[FedAvgMConfig]):
         )
         return fit_round_result(sampled, replies, weights)
 
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
-        return evaluate_adapter(self.cfg, server.resources, self.global_adapter, server.eval_records, rnd)
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
+        return evaluate_adapter(self.cfg, server.resources, self.global_adapter, eval_set.records, rnd)
 
     def final_adapter(self) -> dict[str, np.ndarray]:
         return self.global_adapter

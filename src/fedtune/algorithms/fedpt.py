@@ -1,4 +1,4 @@
-"""FedPT: federated proxy-tuning of a black-box large LM (METHODS.md, paper 000, Alg. 1).
+"""FedPT: federated proxy-tuning of a black-box large LM (paper 000, Alg. 1; docs/methods.md).
 
 Round t:
 1. sample K clients and send them the small LM's LoRA state theta_s^t;
@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -45,13 +45,22 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
+from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_adapter, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
-from fedtune.algorithms.fedit import ADAPTER, collect_adapters, fit_adapter, fit_round_result
-from fedtune.config import AlgorithmConfig
+from fedtune.algorithms.final import (
+    FinalModel,
+    FinalModelError,
+    check_options,
+    check_variant,
+    load_adapter_model,
+)
+from fedtune.config import AlgorithmConfig, ExperimentConfig, load_run_config
 from fedtune.data.records import DataError, Record
+from fedtune.data.templates import TemplateName
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import (
     EvalResult,
+    EvalSet,
     evaluate_generations,
     merge_results,
     perplexity_batches,
@@ -69,6 +78,9 @@ from fedtune.resources import model_spec
 from fedtune.train.losses import distillation_kl, labelled_logits
 from fedtune.train.optim import build_optimizer, build_scheduler
 from fedtune.train.teacher_cache import TeacherCache
+
+if TYPE_CHECKING:
+    from fedtune.proxy.decode import ProxyTunedLM
 
 log = logging.getLogger("fedtune")
 
@@ -137,7 +149,6 @@ class FedPT(Algorithm[FedPTConfig]):
         self.vocab_width = 0
         self._kd_batches: list[Batch] = []
         self._teacher: TeacherCache | None = None
-        self._study_reported = -1
 
     # ----- clients: FedIT's local SFT of the small LM ---------------------------------------------
     def client_tasks(self) -> dict[str, ClientTask]:
@@ -369,42 +380,22 @@ class FedPT(Algorithm[FedPTConfig]):
     def _evaluate_proxy(
         self, server: ServerContext, records: Sequence[Record], alpha: float, rnd: int, settings: Any
     ) -> EvalResult:
-        proxy = self.proxy_model(server)
         _, tokenizer = server.resources.lora_lm()
-        seed = derive_seed(self.cfg.seed, rnd, "eval")
+        return evaluate_proxy(
+            self.proxy_model(server),
+            tokenizer,
+            records,
+            alpha,
+            settings,
+            template=self.cfg.data.template,
+            max_length=self.cfg.data.max_length,
+            seed=derive_seed(self.cfg.seed, rnd, "eval"),
+        )
 
-        def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
-            texts: list[str] = proxy.generate(
-                list(prompts),
-                max_new_tokens=settings.max_new_tokens,
-                batch_size=settings.batch_size,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                seed=sample_seed,
-                alpha=alpha,
-            )
-            return texts
-
-        template = self.cfg.data.template
-        result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
-        if "perplexity" in settings.metrics:
-            batches = perplexity_batches(
-                records, tokenizer, settings, template=template, max_length=self.cfg.data.max_length
-            )
-            total_nll, total_tokens = 0.0, 0
-            for batch in batches:
-                logits = proxy.labelled_logits(batch, alpha=alpha)
-                targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(logits.device)
-                total_nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
-                total_tokens += int(targets.numel())
-            result.metrics["perplexity"] = float(perplexity_from_nll(total_nll, total_tokens))
-        return result
-
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         alpha = self._alpha(rnd, server)
-        result = self._evaluate_proxy(server, server.eval_records, alpha, rnd, self.cfg.eval)
-        if self._study_reported < rnd:  # the primary test set comes first; extra sets skip these
-            self._study_reported = rnd
+        result = self._evaluate_proxy(server, eval_set.records, alpha, rnd, self.cfg.eval)
+        if not eval_set.name:  # the alpha study belongs to the primary test set's row only
             result.metrics["alpha"] = alpha
             for candidate, score in self.alpha_study.get(rnd, {}).items():
                 result.metrics[f"alpha_study/{candidate}"] = score
@@ -412,12 +403,41 @@ class FedPT(Algorithm[FedPTConfig]):
             return result
         model, tokenizer = server.resources.lora_lm()
         load_adapter(model, self.global_adapter)
-        small = evaluate_model(self.cfg, model, tokenizer, server.eval_records, rnd)
+        small = evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
         return merge_results(result, prefixed(small, "small/"))
 
     # ----- state and artifacts --------------------------------------------------------------------
+    final_variants = ("proxy", "small")
+    """``proxy``: the proxy-tuned large LM (FedPT's output); ``small``: the small LM with its adapter."""
+    final_options = ("alpha",)
+    """``alpha``: the proxy's strength (default: the run's chosen alpha, then ``fedpt.alpha``)."""
+
     def final_adapter(self) -> dict[str, np.ndarray]:
         return self.global_adapter
+
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        variant = check_variant(cls.name, cls.final_variants, variant)
+        options = dict(options or {})
+        check_options(cls.name, cls.final_options, options)
+        if variant == "small":
+            if options:
+                raise FinalModelError("alpha applies to the proxy-tuned model (--variant proxy) only")
+            return load_adapter_model(cfg, run_dir)
+        alpha = None
+        if "alpha" in options:
+            try:
+                alpha = float(options["alpha"])
+            except ValueError:
+                raise FinalModelError(f"--option alpha={options['alpha']!r} is not a number") from None
+        proxy, _ = load_proxy_model(run_dir, alpha)
+        return ProxyModel(cfg, proxy)
 
     def write_artifacts(self, directory: Path) -> None:
         last = max(self.alphas) if self.alphas else None
@@ -445,3 +465,108 @@ class FedPT(Algorithm[FedPTConfig]):
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
         self.alphas = {int(k): float(v) for k, v in state.get("alphas", {}).items()}
         self.alpha_study = {int(k): dict(v) for k, v in state.get("alpha_study", {}).items()}
+
+
+def evaluate_proxy(
+    proxy: ProxyTunedLM,
+    tokenizer: Any,
+    records: Sequence[Record],
+    alpha: float,
+    settings: Any,
+    *,
+    template: TemplateName,
+    max_length: int,
+    seed: int,
+) -> EvalResult:
+    """The proxy-tuned LM at strength ``alpha`` on ``records``: generation metrics, and perplexity
+    from its labelled logits when ``settings.metrics`` asks for it."""
+
+    def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
+        texts: list[str] = proxy.generate(
+            list(prompts),
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=sample_seed,
+            alpha=alpha,
+        )
+        return texts
+
+    result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
+    if "perplexity" in settings.metrics:
+        batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
+        total_nll, total_tokens = 0.0, 0
+        for batch in batches:
+            logits = proxy.labelled_logits(batch, alpha=alpha)
+            targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(logits.device)
+            total_nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+            total_tokens += int(targets.numel())
+        result.metrics["perplexity"] = float(perplexity_from_nll(total_nll, total_tokens))
+    return result
+
+
+class ProxyModel(FinalModel):
+    """A finished FedPT run's output: the proxy-tuned large LM."""
+
+    def __init__(self, cfg: ExperimentConfig, proxy: ProxyTunedLM) -> None:
+        super().__init__(cfg, proxy.tokenizer)
+        self.proxy = proxy
+
+    def evaluate(self, records: list[Record]) -> EvalResult:
+        cfg = self.cfg
+        return evaluate_proxy(
+            self.proxy,
+            self.tokenizer,
+            records,
+            self.proxy.alpha,
+            cfg.eval,
+            template=cfg.data.template,
+            max_length=cfg.data.max_length,
+            seed=cfg.seed,
+        )
+
+    def generate(
+        self, prompts: list[str], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
+    ) -> list[str]:
+        texts: list[str] = self.proxy.generate(
+            prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+        return texts
+
+
+def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTunedLM, ExperimentConfig]:
+    """The proxy-tuned LM of a finished FedPT run, and the run's config.
+
+    ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
+    the config's ``fedpt.alpha``.
+    """
+    from fedtune.proxy.decode import ProxyTunedLM
+    from fedtune.proxy.source import LocalLogitSource
+
+    cfg = load_run_config(run_dir)
+    small = load_adapter_model(cfg, run_dir)
+    section = cfg.section("fedpt")
+    large = LocalLogitSource.load(
+        section.large_model,
+        dtype=section.large_dtype,
+        device=cfg.model.device,
+        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+        seed=cfg.seed,
+    )
+    if alpha is None:
+        alpha = _saved_alpha(run_dir / "artifacts" / "proxy.json", section.large_model)
+    proxy = ProxyTunedLM(large, small.model, small.tokenizer, section.alpha if alpha is None else alpha)
+    return proxy, cfg
+
+
+def _saved_alpha(path: Path, large_model: str) -> float | None:
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("large_model", large_model) != large_model:
+        raise FinalModelError(
+            f"{path} was written for large model {saved['large_model']!r}, but the run's config "
+            f"names {large_model!r}"
+        )
+    return float(saved["alpha"])

@@ -44,12 +44,14 @@ Choices where the paper is silent, and deviations:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from fedtune.algorithms.adapters import client_examples, fit_round_result
 from fedtune.algorithms.base import (
     PERSONAL_EVAL,
     Algorithm,
@@ -58,11 +60,11 @@ from fedtune.algorithms.base import (
     evaluate_model,
     personal_reply,
 )
-from fedtune.algorithms.fedit import client_examples, fit_round_result
+from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.algorithms.local import REPLY_SCALARS, fit_scalars, train_selected
-from fedtune.config import AlgorithmConfig
+from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.tokenize import make_batches
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import gather_masked, masked_average, pack_mask, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -360,7 +362,22 @@ class PerFIT(Algorithm[PerFITConfig]):
             arrays_spec, REPLY_SCALARS, norm_bound=self.cfg.fed.norm_bound, example_limits=fed.client_sizes
         )
 
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        """None to load: PerFIT's models are personal (a sparse adapter per client, kept by its client)."""
+        raise FinalModelError(
+            f"{run_dir} is a PerFIT run: each client holds its own personal adapter and the server keeps no "
+            "global model, so there is no single final model to evaluate or generate from; the clients' "
+            "scores on their own held-out data are the personal/* metrics in metrics.jsonl"
+        )
+
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         """PerFIT has no global model: its evaluation is the clients' own (``eval.personal``)."""
         return EvalResult({})
 

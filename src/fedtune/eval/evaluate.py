@@ -46,6 +46,18 @@ class EvalSettings(Protocol):
 GENERATION_METRICS = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1")
 
 
+@dataclass(frozen=True)
+class EvalSet:
+    """A test set the runner evaluates on, passed to ``Algorithm.evaluate``.
+
+    ``name`` is ``""`` for the primary set (``data.eval_dataset``, else the dataset's test split) and an
+    ``eval.extra_datasets`` name otherwise: a client re-derives the same records from that name.
+    """
+
+    name: str
+    records: list[Record]
+
+
 @dataclass
 class EvalResult:
     metrics: dict[str, float]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from transformers import PreTrainedModel
+
+from fedtune.config import LoraConfig as LoraSection
 
 # Attention projections per model family: the papers put LoRA on q and v.
 DEFAULT_TARGETS: dict[str, list[str]] = {
@@ -60,6 +62,38 @@ def attach_lora(
     )
     torch.manual_seed(seed)
     return get_peft_model(model, config)
+
+
+def lora_targets(
+    model: PreTrainedModel,
+    lora: LoraSection,
+    defaults: Callable[[PreTrainedModel], list[str]] = default_targets,
+) -> list[str]:
+    """The module names LoRA goes on: ``lora.target_modules``, or a method's ``defaults`` when "auto"."""
+    return defaults(model) if lora.target_modules == "auto" else list(lora.target_modules)
+
+
+def build_lora(
+    model: PreTrainedModel,
+    lora: LoraSection,
+    *,
+    seed: int,
+    rank: int | None = None,
+    target_modules: Sequence[str] | str | None = None,
+    task_type: str | None = "CAUSAL_LM",
+) -> PeftModel:
+    """The one way a method puts LoRA on a model: the run's ``lora:`` section (rank, alpha, dropout,
+    targets), with a method's own ``rank`` (e.g. an expanded rank) or resolved ``target_modules`` (e.g.
+    a regex over some layers only) where it needs one."""
+    return attach_lora(
+        model,
+        r=lora.r if rank is None else rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=target_modules if target_modules is not None else lora_targets(model, lora),
+        seed=seed,
+        task_type=task_type,
+    )
 
 
 _PARAMETERS_ATTR = "_fedtune_adapter_parameters"

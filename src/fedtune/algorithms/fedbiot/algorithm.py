@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
 from fedtune.algorithms.fedbiot.maths import (
@@ -24,12 +25,13 @@ from fedtune.algorithms.fedbiot.maths import (
     make_split,
 )
 from fedtune.algorithms.fedbiot.wire import EMULATOR, FROZEN, layout_payload, split_from_layout
-from fedtune.algorithms.fedit import ADAPTER, collect_adapters, fit_round_result
+from fedtune.algorithms.final import CausalLMModel, FinalModel, check_options, check_variant, load_base_model
 from fedtune.algorithms.local import fit_reply, train_selected
+from fedtune.config import ExperimentConfig
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
-from fedtune.eval.evaluate import EvalResult, merge_results, prefixed
+from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import (
     ClientCacheMiss,
@@ -391,13 +393,13 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         return fit_reply(ctx, params, result, ADAPTER)
 
     # ------------------------------------------------------------------- eval
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         full, emulator, split = self.server_models(server)
         _, tokenizer = server.resources.model(self.server_model_spec())
         results = []
         for prefix, model, is_emulator in (("adapemu/", emulator, True), ("adapfu/", full, False)):
             self._load_adapter(model, split, is_emulator, self.global_adapter)
-            result = evaluate_model(self.cfg, model, tokenizer, server.eval_records, rnd)
+            result = evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
             results.append(prefixed(result, prefix))
         return merge_results(*results)
 
@@ -415,6 +417,22 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             "client_params": count(emulator),
             "adapter_params": sum(p.numel() for p in self._adapter_params(emulator, split, True).values()),
         }
+
+    final_variants = ("adapfu", "adapemu")
+    """``adapfu``: the adapter plugged into the full model; ``adapemu``: the adapter on the emulator."""
+
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        variant = check_variant(cls.name, cls.final_variants, variant)
+        check_options(cls.name, cls.final_options, options or {})
+        base, tokenizer = load_base_model(cfg)
+        return CausalLMModel(cfg, load_final_fedbiot(cfg, base, run_dir, variant == "adapemu"), tokenizer)
 
     def write_artifacts(self, directory: Path) -> None:
         """The final adapter (keyed by original layer index) and the split; AdapFu = base model + it."""
@@ -483,7 +501,7 @@ def load_final_fedbiot(cfg: Any, base: Any, run_dir: Path, emulator: bool) -> An
     if emulator:
         emulator_file = directory / "fedbiot-emulator.npz"
         if not emulator_file.is_file():
-            raise FileNotFoundError(f"{emulator_file} is missing (the run predates it): use the full model")
+            raise FileNotFoundError(f"{emulator_file} is missing (the run predates it): use --variant adapfu")
         state = load_npz(emulator_file)
         load_layer_state(model, state, split.emulator, split.emulator_positions(), what=str(emulator_file))
     algorithm._load_adapter(model, split, emulator, load_npz(adapter_file))

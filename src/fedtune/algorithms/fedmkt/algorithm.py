@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedtune.algorithms.adapters import evaluation_records, fit_round_result
 from fedtune.algorithms.base import (
     PERSONAL_EVAL,
     Algorithm,
@@ -20,7 +21,6 @@ from fedtune.algorithms.base import (
     evaluate_model,
     personal_reply,
 )
-from fedtune.algorithms.fedit import evaluation_records, fit_round_result
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
 from fedtune.algorithms.fedmkt.maths import NOT_SELECTED, dual_min_ce, mixed_loss_fn, public_knowledge
 from fedtune.algorithms.fedmkt.transfer import (
@@ -36,7 +36,7 @@ from fedtune.algorithms.local import REPLY_SCALARS, fit_scalars, train_selected
 from fedtune.align import vocab_map
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import Example, encode_records, make_batches
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -433,11 +433,11 @@ class FedMKT(Algorithm[FedMKTConfig]):
             "kd_seconds": float(result.seconds),
         }
 
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         """The LLM (with its LoRA) on the test set; the SLMs are evaluated by their clients."""
         model, tokenizer, _ = self.lora(server.resources, self.server_model_spec())
         load_adapter(model, self.llm_adapter)
-        return evaluate_model(self.cfg, model, tokenizer, server.eval_records, rnd)
+        return evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
 
     def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
         message: Payload = {"round": rnd}

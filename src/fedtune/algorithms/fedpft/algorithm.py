@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
-from fedtune.algorithms.fedit import fit_round_result
 from fedtune.algorithms.fedpft.config import FedPFTConfig
-from fedtune.algorithms.fedpft.final import TUNED_FILE, classification_result
+from fedtune.algorithms.fedpft.final import TUNED_FILE, ClassifierModel, classification_result
 from fedtune.algorithms.fedpft.parts import (
     Layout,
     arrays_of,
@@ -28,7 +28,9 @@ from fedtune.algorithms.fedpft.parts import (
     tuned_parameters,
     with_lora,
 )
+from fedtune.algorithms.final import FinalModel, check_options, check_variant
 from fedtune.algorithms.local import REPLY_SCALARS, fit_reply, train_selected
+from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
     ClassExample,
     class_names,
@@ -39,7 +41,7 @@ from fedtune.data.classify import (
 )
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
-from fedtune.eval.evaluate import EvalResult
+from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import (
     ClientCacheMiss,
@@ -460,10 +462,10 @@ class FedPFT(Algorithm[FedPFTConfig]):
         return reply
 
     # ------------------------------------------------------------------- eval
-    def evaluate(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         """The LoRA + head plugged into the full model; ``sub/`` metrics: on the sub-model."""
         full, client, tokenizer = self.server_models(server)
-        records = list(server.eval_records)
+        records = list(eval_set.records)
         names = self.labels(records)
         examples = server.resources.get(
             "fedpft/eval_examples",
@@ -496,6 +498,19 @@ class FedPFT(Algorithm[FedPFTConfig]):
             "full_ffn_params": count(ffn_parameters(full)),
             "client_ffn_params": count(ffn_parameters(client, self.layout)),
         }
+
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        """The full classifier with the final LoRA + head (it classifies; it does not generate)."""
+        check_variant(cls.name, cls.final_variants, variant)
+        check_options(cls.name, cls.final_options, options or {})
+        return ClassifierModel(cfg, run_dir)
 
     def write_artifacts(self, directory: Path) -> None:
         """The final LoRA + head (keyed like the full model), the layout and the distillation log."""

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from fedtune.algorithms.fedpft.parts import HEAD_PREFIXES, tuned_parameters, with_lora
+from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
     ClassExample,
@@ -72,6 +73,24 @@ def load_final_fedpft(
         raise KeyError(f"{tuned_file}: the task head is missing ({', '.join(head)})")
     load_parameters({k: p for k, p in targets.items() if k in state}, state, str(tuned_file))
     return model.eval(), tokenizer, names
+
+
+class ClassifierModel(FinalModel):
+    """A finished FedPFT run's output: the full classifier with the final LoRA + head plugged in."""
+
+    generates = False
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        tuned_file = run_dir / "artifacts" / TUNED_FILE
+        if not tuned_file.is_file():
+            raise FinalModelError(
+                f"{tuned_file} is missing: did the run finish? (`fedtune resume {run_dir}`)"
+            )
+        super().__init__(cfg, tokenizer=None)
+        self.run_dir = run_dir
+
+    def evaluate(self, records: list[Record]) -> EvalResult:
+        return evaluate_final_fedpft(self.cfg, self.run_dir, records)
 
 
 def evaluate_final_fedpft(cfg: ExperimentConfig, run_dir: Path, records: Sequence[Record]) -> EvalResult:
