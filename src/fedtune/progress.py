@@ -1,8 +1,12 @@
-"""The live progress display of a run: round, client, step, loss and ETA."""
+"""What a run shows on the console: the live progress (round, client, step, loss, ETA), each round's
+summary line and the before/after table at the end."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -14,8 +18,10 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Table
 
 from fedtune.fl.federation import StepReporter, no_report
+from fedtune.units import megabytes
 
 
 class RunProgress:
@@ -67,3 +73,38 @@ class RunProgress:
     def end_round(self, rnd: int, summary: str) -> None:
         self.progress.update(self.rounds_task, completed=rnd, info=summary)
         self.console.log(f"round {rnd}: {summary}")
+
+
+def round_summary(row: dict[str, Any]) -> str:
+    parts = [f"loss {row['train_loss']:.4f}" if row.get("train_loss") is not None else "loss -"]
+    parts += [f"{k} {v:.4g}" for k, v in row.get("eval", {}).items()]
+    parts.append(f"up {megabytes(row['bytes_up'])}")
+    failed = len(row.get("failed", {})) + len(row.get("rejected", {}))
+    if failed:
+        parts.append(f"{failed} client(s) dropped")
+    return ", ".join(parts)
+
+
+def summary_table(history: list[dict[str, Any]], title: str) -> Table:
+    """Before (round 0) vs after (last evaluated round) for every eval metric."""
+    evaluated = [row for row in history if row.get("eval")]
+    table = Table(title=f"{title}: before vs after")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_column("change", justify="right")
+    if not evaluated:
+        return table
+    first, last = evaluated[0], evaluated[-1]
+    for metric, after in last["eval"].items():
+        before = first["eval"].get(metric)
+        change = f"{after - before:+.4f}" if before is not None else "-"
+        table.add_row(metric, "-" if before is None else f"{before:.4f}", f"{after:.4f}", change)
+    return table
+
+
+def print_run_summary(run_dir: Path, title: str, console: Console) -> None:
+    """The before/after table of a finished run, read back from its metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    history = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    console.print(summary_table(history, title))

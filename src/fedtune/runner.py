@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import platform
 import random
-import signal
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from fedtune import __version__
 from fedtune.algorithms.base import Algorithm, RoundResult
@@ -30,7 +24,6 @@ from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts
 from fedtune.data.records import DataError
 from fedtune.data.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
-from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.checkpoint import (
     CheckpointDamaged,
@@ -43,10 +36,10 @@ from fedtune.fl.checkpoint import (
 )
 from fedtune.fl.federation import ClientTask, ServerContext, ServerFederation
 from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
-from fedtune.progress import RunProgress
+from fedtune.progress import RunProgress, round_summary, summary_table
 from fedtune.resources import Resources
+from fedtune.rundir import deferred_interrupt, run_dir_lock
 from fedtune.train.loop import peak_rss_mb
-from fedtune.units import megabytes
 
 log = logging.getLogger("fedtune")
 
@@ -74,30 +67,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block ends, then deliver it.
-
-    A round's checkpoint and its metrics.jsonl row are written together: an interrupt between the two
-    left a checkpoint whose row was missing (round 0's: no metrics.jsonl at all) until `fedtune resume`.
-    Only the main thread can install a signal handler; elsewhere the block runs as is.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[tuple[int, Any]] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if held:
-        if callable(previous):
-            previous(*held[0])
-        elif previous != signal.SIG_IGN:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _eval_row(result: EvalResult) -> dict[str, Any]:
@@ -130,37 +99,6 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
         row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     row.update({k: round(v, 2) for k, v in result.extra.items()})
     return row
-
-
-class RunDirBusy(RunError):
-    """Another process holds the run directory."""
-
-
-LOCK_FILE = ".lock"
-
-
-@contextlib.contextmanager
-def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``run_dir`` (one process per run directory); fail at once if taken.
-
-    The kernel drops the lock when its holder dies, so a killed run never blocks the next one; the
-    PID in the lock file only says who holds it.
-    """
-    with open(run_dir / LOCK_FILE, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise RunDirBusy(
-                f"{run_dir} is in use by process {holder} (a run or resume of it is still going); "
-                "wait for it to end or stop it first"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        yield
 
 
 class Runner:
@@ -366,7 +304,7 @@ class Runner:
         with deferred_interrupt():
             self._checkpoint(rnd, algorithm, fed)
             self._append_metrics(row)
-        progress.end_round(rnd, _round_summary(row))
+        progress.end_round(rnd, round_summary(row))
 
     def print_summary(self) -> None:
         self.console.print(summary_table(self.history, self.cfg.name))
@@ -375,34 +313,6 @@ class Runner:
                 f"categories in no client's training data (evaluated all the same): "
                 f"{', '.join(self.untrained_categories)}"
             )
-
-
-def _round_summary(row: dict[str, Any]) -> str:
-    parts = [f"loss {row['train_loss']:.4f}" if row.get("train_loss") is not None else "loss -"]
-    parts += [f"{k} {v:.4g}" for k, v in row.get("eval", {}).items()]
-    parts.append(f"up {megabytes(row['bytes_up'])}")
-    failed = len(row.get("failed", {})) + len(row.get("rejected", {}))
-    if failed:
-        parts.append(f"{failed} client(s) dropped")
-    return ", ".join(parts)
-
-
-def summary_table(history: list[dict[str, Any]], title: str) -> Table:
-    """Before (round 0) vs after (last evaluated round) for every eval metric."""
-    evaluated = [row for row in history if row.get("eval")]
-    table = Table(title=f"{title}: before vs after")
-    table.add_column("metric")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    table.add_column("change", justify="right")
-    if not evaluated:
-        return table
-    first, last = evaluated[0], evaluated[-1]
-    for metric, after in last["eval"].items():
-        before = first["eval"].get(metric)
-        change = f"{after - before:+.4f}" if before is not None else "-"
-        table.add_row(metric, "-" if before is None else f"{before:.4f}", f"{after:.4f}", change)
-    return table
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
@@ -414,10 +324,3 @@ def resume_experiment(run_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
         raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_run_config(run_dir)
     return Runner(cfg, run_dir, **kwargs).run(resume=True)
-
-
-def print_run_summary(run_dir: Path, title: str, console: Console) -> None:
-    """The before/after table of a finished run, read back from its metrics.jsonl."""
-    path = run_dir / "metrics.jsonl"
-    history = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    console.print(summary_table(history, title))

@@ -14,7 +14,7 @@ import pytest
 import fedtune.runner
 from fedtune.algorithms.base import RoundFailed
 from fedtune.fl.checkpoint import CheckpointDamaged, save_checkpoint
-from fedtune.runner import RunDirBusy, run_dir_lock
+from fedtune.rundir import RunDirBusy, run_dir_lock
 from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
 from tests.integration.test_cli_kill_resume import CONFIG, command, env
 from tests.unit.test_checkpoint import DAMAGES

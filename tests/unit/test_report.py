@@ -220,12 +220,12 @@ def test_plot_partition_handles_a_hundred_clients(tmp_path: Path) -> None:
 
 
 def test_traffic_is_shown_in_decimal_megabytes_everywhere() -> None:
-    from fedtune.runner import _round_summary
+    from fedtune.progress import round_summary
     from fedtune.units import megabytes
 
     assert megabytes(2_500_000) == "2.50 MB"
     row = {"round": 1, "train_loss": 1.0, "bytes_up": 2_500_000, "eval": {}}
-    assert "up 2.50 MB" in _round_summary(row)
+    assert "up 2.50 MB" in round_summary(row)
 
 
 def test_report_shows_each_clients_own_evaluation(tmp_path: Path) -> None:
