@@ -23,7 +23,6 @@ from fedtune.eval.scoring import (
     perplexity,
     score_generations,
 )
-from fedtune.fl.payload import Payload
 
 
 class EvalSettings(Protocol):
@@ -234,9 +233,10 @@ METRIC = "metric/"
 CATEGORY = "category/"
 
 
-def result_payload(result: EvalResult) -> Payload:
-    """An evaluation result as scalars: ``metric/<name>`` and ``category/<metric>/<category>``."""
-    reply: Payload = {METRIC + name: float(value) for name, value in result.metrics.items()}
+def result_payload(result: EvalResult) -> dict[str, Any]:
+    """An evaluation result as flat scalars, ready for a client's reply payload: ``metric/<name>`` and
+    ``category/<metric>/<category>``."""
+    reply: dict[str, Any] = {METRIC + name: float(value) for name, value in result.metrics.items()}
     for metric, categories in result.by_category.items():
         reply.update({f"{CATEGORY}{metric}/{cat}": float(value) for cat, value in categories.items()})
     return reply
