@@ -16,7 +16,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from fedtune.errors import RunError
-from fedtune.fl.flower.cli import flower_app
+from fedtune.flower.cli import flower_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,7 +38,8 @@ console = Console(stderr=True)
 # Piped output (files, CI logs) gets wide tables instead of 80-column wrapping.
 out = Console() if sys.stdout.isatty() else Console(width=200)
 
-FEDBIOT_MODEL_HELP = "FedBiOT runs: the adapter on the full model (full, AdapFu) or on the emulator (AdapEmu)"
+VARIANT_HELP = "a named variant of the run's final model (e.g. adapfu or adapemu); default: the first"
+OPTION_HELP = "KEY=VALUE for the run's final model (e.g. alpha=0.8 for a proxy-tuned model; repeatable)"
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     KeyError,
@@ -141,9 +142,9 @@ def _run_on_backend(cfg: Any, run_dir: Path, resume: bool) -> None:
 
 def _run_on_backend_uninterrupted(cfg: Any, run_dir: Path, resume: bool) -> None:
     if cfg.fed.backend == "flower":
-        from fedtune.fl.flower.deploy import DeploymentError
-        from fedtune.fl.flower.local import run_local
-        from fedtune.runner import print_run_summary
+        from fedtune.flower.local import run_local
+        from fedtune.flower.processes import DeploymentError
+        from fedtune.progress import print_run_summary
 
         try:
             run_local(cfg, run_dir, resume=resume)
@@ -156,10 +157,15 @@ def _run_on_backend_uninterrupted(cfg: Any, run_dir: Path, resume: bool) -> None
     Runner(cfg, run_dir, console=console).run(resume=resume)
 
 
-def _final_model(run_dir: Path) -> tuple[Any, Any, Any]:
-    from fedtune.artifacts import load_final_model
-
-    return load_final_model(run_dir)
+def _options(pairs: list[str] | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` pairs as a dict; a malformed pair is an error naming it."""
+    options: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(ValueError(f"--option {pair!r}: expected KEY=VALUE"))
+        options[key] = value
+    return options
 
 
 @app.command("eval")
@@ -167,13 +173,16 @@ def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
     split: Annotated[str | None, typer.Option(help="dataset split (default: the run's eval split)")] = None,
     max_examples: Annotated[int | None, typer.Option(help="evaluate on at most N examples")] = None,
-    fedbiot_model: Annotated[str, typer.Option(help=FEDBIOT_MODEL_HELP)] = "full",
+    variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
+    option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
 ) -> None:
     """Evaluate the final model of a run; writes eval.json in the run directory."""
     from fedtune.artifacts import evaluate_run
 
     try:
-        result = evaluate_run(run_dir, split=split, max_examples=max_examples, fedbiot_model=fedbiot_model)
+        result = evaluate_run(
+            run_dir, split=split, max_examples=max_examples, variant=variant, options=_options(option)
+        )
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     table = Table(title=f"{run_dir}: final model")
@@ -193,14 +202,12 @@ def generate(
     top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     raw: Annotated[bool, typer.Option(help="send the prompt as is, without the run's template")] = False,
-    alpha: Annotated[
-        float | None, typer.Option(help="FedPT runs: proxy strength (default: the run's chosen alpha)")
-    ] = None,
-    fedbiot_model: Annotated[str, typer.Option(help=FEDBIOT_MODEL_HELP)] = "full",
+    variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
+    option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
 ) -> None:
     """Generate with the final model of a run (the run's prompt template is applied).
 
-    For a FedPT run this is the proxy-tuned large model.
+    The final model is the run's method's: e.g. the proxy-tuned large model of a proxy-tuning run.
     """
     from fedtune.artifacts import generate_from_run
 
@@ -213,8 +220,8 @@ def generate(
             top_p=top_p,
             seed=seed,
             raw=raw,
-            alpha=alpha,
-            fedbiot_model=fedbiot_model,
+            variant=variant,
+            options=_options(option),
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)
@@ -235,42 +242,6 @@ def report(
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     out.print(f"wrote {path}")
-
-
-BENCHMARK_SCRIPTS = {
-    "p3": "sft_throughput",
-    "p4": "simulation_overhead",
-    "p5": "proxy_decoding",
-    "p6": "fedpt_server_time",
-    "p8": "flower_overhead",
-    "p10": "perfit_step",
-    "p1": "token_align",
-    "p2": "token_align",
-    "p7": "fedmkt_wire",
-    "p11": "fedpft_client",
-    "p12": "choice_scoring",
-}
-"""The benchmark ids of shared/BENCHMARKS.md -> the script in bench/ that measures each."""
-
-
-@app.command()
-def bench(
-    name: Annotated[str, typer.Argument(help="benchmark id (p3, p4, ...) or script name in bench/")],
-    args: Annotated[list[str] | None, typer.Argument(help="arguments passed to the benchmark")] = None,
-) -> None:
-    """Run a benchmark script from bench/ (writes bench/results/<id>.json)."""
-    import runpy
-
-    # bench/ sits beside src/ in a checkout (editable install); otherwise look in the working directory.
-    bench_dir = Path(__file__).resolve().parents[2] / "bench"
-    if not bench_dir.is_dir():
-        bench_dir = Path("bench")
-    script = bench_dir / f"{BENCHMARK_SCRIPTS.get(name.lower(), name)}.py"
-    if not script.is_file():
-        listed = ", ".join(f"{key} ({value})" for key, value in BENCHMARK_SCRIPTS.items())
-        _fail(FileNotFoundError(f"no benchmark {script}; available: {listed}"))
-    sys.argv = [str(script), *(args or [])]
-    runpy.run_path(str(script), run_name="__main__")
 
 
 CacheOption = Annotated[

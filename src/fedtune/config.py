@@ -171,7 +171,7 @@ class AlgorithmConfig(Section):
 
 
 class FlowerConfig(Section):
-    """The Flower deployment (``fed.backend: flower``); see ``fedtune.fl.flower``.
+    """The Flower deployment (``fed.backend: flower``); see ``fedtune.flower``.
 
     ``superlink`` is where SuperNodes and ``flwr`` reach the SuperLink (``host:port``; port 0 =
     a free loopback port for the local deployment). ``tls`` and ``auth`` name directories: the

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from fedtune.config import ExperimentConfig
-from fedtune.fl.flower.deploy import LocalDeployment
-from fedtune.fl.flower.node import task_names
+from fedtune.flower.local import LocalDeployment
+from fedtune.flower.node import task_names
 
 
 def flower_run(

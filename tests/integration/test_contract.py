@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedtune.algorithms.final import FinalModelError
 from fedtune.algorithms.registry import algorithm_names, get_algorithm
+from fedtune.artifacts import load_final
+from fedtune.data.rundata import prepare_data
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
 from tests.integration.helpers import quiet_runner, stable, tiny_config
@@ -30,6 +33,15 @@ def test_same_seed_same_metrics_and_state(algorithm: str, tmp_path: Path) -> Non
     state_a = load_checkpoint(latest_checkpoint(tmp_path / "a"))  # type: ignore[arg-type]
     state_b = load_checkpoint(latest_checkpoint(tmp_path / "b"))  # type: ignore[arg-type]
     assert_trees_equal(state_a["algorithm"], state_b["algorithm"])
+    # The finished run's final model, through the method's own hook: it scores test records, or the
+    # method says why it has no single final model.
+    try:
+        final = load_final(tmp_path / "a")
+    except FinalModelError as exc:
+        assert "final model" in str(exc)
+    else:
+        records = prepare_data(cfg).eval_records[:2]
+        assert all(np.isfinite(v) for v in final.evaluate(records).metrics.values())
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

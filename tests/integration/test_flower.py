@@ -20,7 +20,7 @@ import yaml
 
 from fedtune.algorithms.registry import algorithm_names
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
-from fedtune.fl.flower.deploy import LocalDeployment
+from fedtune.flower.local import LocalDeployment
 from tests.integration import flower_hooks
 from tests.integration.flower_support import assert_close, flower_run, rows
 from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config

@@ -16,7 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from fedtune.fl.flower.deploy import LocalDeployment, make_node_key
+from fedtune.flower.keys import make_node_key
+from fedtune.flower.local import LocalDeployment
 from tests.integration.flower_support import assert_close, flower_run, rows
 from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
 

@@ -76,3 +76,75 @@ def test_plugins_and_config_do_not_import_algorithms() -> None:
     graph = import_graph()
     assert not {m for m in graph["fedtune.plugins"] if m.startswith("fedtune")}
     assert not {m for m in graph["fedtune.config"] if m.startswith("fedtune.algorithms")}
+
+
+# -- layers: imports point down --------------------------------------------------------------------
+
+LOW_LAYERS = (
+    "fedtune.fl",
+    "fedtune.train",
+    "fedtune.models",
+    "fedtune.data",
+    "fedtune.eval",
+    "fedtune.decode",
+    "fedtune.align",
+    "fedtune.proxy",
+)
+APPLICATION = ("fedtune.runner", "fedtune.artifacts", "fedtune.cli", "fedtune.flower")
+LAYER_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    # What runs experiments sits above everything that trains, evaluates and federates.
+    (LOW_LAYERS, (*APPLICATION, "fedtune.algorithms")),
+    # The algorithms sit between the two: they use the low layers and are found by the runner.
+    (("fedtune.algorithms",), APPLICATION),
+    # Federation transports payloads and may evaluate; evaluation knows nothing of federation.
+    (("fedtune.eval",), ("fedtune.fl",)),
+)
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    """``module`` is one of ``packages`` or inside one (``fedtune.flower`` is not in ``fedtune.fl``)."""
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def layer_violations(
+    graph: dict[str, set[str]],
+    rules: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = LAYER_RULES,
+) -> list[str]:
+    """Every ``importer -> imported`` edge some rule forbids, sorted."""
+    return sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        for importers, forbidden in rules
+        if within(module, importers)
+        for imported in imports
+        if within(imported, forbidden)
+    )
+
+
+def test_imports_point_down_the_layers() -> None:
+    graph = import_graph()
+    assert "fedtune.fl.flower.federation" in graph and "fedtune.flower.server_app" in graph
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_rule_finds_an_upward_import() -> None:
+    fake = {
+        # The Flower app inside fl/ reaching up, as it once did.
+        "fedtune.fl.flower.server_app": {"fedtune.runner", "fedtune.fl.flower.federation"},
+        "fedtune.fl.flower.node": {"fedtune.algorithms.registry", "fedtune.data.rundata"},
+        "fedtune.fl.flower.federation": {"fedtune.fl.payload"},
+        "fedtune.eval.evaluate": {"fedtune.fl.payload", "fedtune.models.lora"},
+        "fedtune.algorithms.fedit": {"fedtune.artifacts", "fedtune.fl.federation"},
+        "fedtune.fl.simulation": {"fedtune.eval.metrics", "fedtune.flowerpot"},
+        "fedtune.flower.server_app": {"fedtune.runner", "fedtune.algorithms.registry"},
+        "fedtune.train.trainer": {"fedtune.cli"},
+        "fedtune.runner": {"fedtune.algorithms.registry", "fedtune.fl.simulation"},
+    }
+    assert layer_violations(fake) == [
+        "fedtune.algorithms.fedit -> fedtune.artifacts",
+        "fedtune.eval.evaluate -> fedtune.fl.payload",
+        "fedtune.fl.flower.node -> fedtune.algorithms.registry",
+        "fedtune.fl.flower.server_app -> fedtune.runner",
+        "fedtune.train.trainer -> fedtune.cli",
+    ]
+    assert layer_violations({"fedtune.fl.flower.federation": {"fedtune.fl.payload"}}) == []

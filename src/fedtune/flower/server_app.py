@@ -1,6 +1,6 @@
 """The generic ``ServerApp``: the same ``Runner`` loop as simulation, on a ``GridFederation``.
 
-Run-config values (written by ``deploy.write_app``): ``config`` (the resolved experiment YAML),
+Run-config values (written by ``app.write_app``): ``config`` (the resolved experiment YAML),
 ``run-dir`` (on the SuperLink's machine: metrics, checkpoints, artifacts go there) and
 ``resume`` (continue from the run directory's last complete checkpoint). The ServerApp waits
 up to ``flower.connect_timeout`` seconds for a SuperNode per client, then runs the rounds with
@@ -31,8 +31,8 @@ def main(grid: Grid, context: Context) -> None:
     from fedtune.config import ExperimentConfig, validate_config
     from fedtune.data.rundata import RunData
     from fedtune.fl.federation import ClientTask
-    from fedtune.fl.flower.deploy import die_with_parent
     from fedtune.fl.flower.federation import GridFederation
+    from fedtune.flower.processes import die_with_parent
     from fedtune.resources import Resources
     from fedtune.runner import Runner
 

@@ -45,7 +45,7 @@ def certs(
     ] = None,
 ) -> None:
     """Make a CA and the SuperLink's TLS certificate; copy ca.crt (only) to every client machine."""
-    from fedtune.fl.flower.deploy import make_tls
+    from fedtune.flower.tls import make_tls
 
     files = make_tls(directory, host or ["127.0.0.1", "localhost"])
     typer.echo(f"CA certificate (give to clients): {files.ca}\nserver certificate: {files.cert}")
@@ -56,7 +56,7 @@ def keygen(
     private_key: Annotated[Path, typer.Argument(help="private key file to write (public: <file>.pub)")],
 ) -> None:
     """Make a SuperNode's ECDSA P-384 key pair; the server registers the .pub file."""
-    from fedtune.fl.flower.deploy import make_node_key
+    from fedtune.flower.keys import make_node_key
 
     typer.echo(f"public key (give to the server): {make_node_key(private_key)}")
 
@@ -72,7 +72,8 @@ def superlink(
     home: HomeOption = DEFAULT_HOME / "superlink",
 ) -> None:
     """Start the SuperLink on the server machine (runs until stopped)."""
-    from fedtune.fl.flower.deploy import TlsFiles, flower_env, superlink_command
+    from fedtune.flower.processes import flower_env, superlink_command
+    from fedtune.flower.tls import TlsFiles
 
     files = None
     if not insecure:
@@ -92,7 +93,7 @@ def register(
     home: HomeOption = DEFAULT_HOME / "cli",
 ) -> None:
     """Register a SuperNode's public key with a SuperLink started with --auth."""
-    from fedtune.fl.flower.deploy import FlowerConnection
+    from fedtune.flower.connection import FlowerConnection
 
     FlowerConnection(home, superlink, _tls_or_insecure(ca, insecure)).write().register(public_key)
     typer.echo(f"registered {public_key}")
@@ -113,7 +114,7 @@ def supernode(
     home: HomeOption = DEFAULT_HOME / "supernode",
 ) -> None:
     """Start a SuperNode (and its warm worker) on a client machine (runs until stopped)."""
-    from fedtune.fl.flower.deploy import (
+    from fedtune.flower.processes import (
         die_with_parent,
         flower_env,
         kill_tree,
@@ -169,8 +170,9 @@ def submit(
     import yaml
 
     from fedtune.config import load_config, load_run_config
-    from fedtune.fl.flower.deploy import FlowerConnection, wait_for_run, write_app
-    from fedtune.fl.flower.node import task_names
+    from fedtune.flower.app import write_app
+    from fedtune.flower.connection import FlowerConnection, wait_for_run
+    from fedtune.flower.node import task_names
 
     if resume:
         if output_dir is None:

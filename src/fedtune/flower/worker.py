@@ -129,7 +129,7 @@ def relay(
 def handle(header: dict[str, Any], blobs: list[bytearray]) -> tuple[dict[str, Any], list[memoryview]]:
     """The worker's side of one request."""
     from fedtune.fl.checkpoint import decode_tree, encode_tree
-    from fedtune.fl.flower.node import execute, node_runtime
+    from fedtune.flower.node import execute, node_runtime
 
     count = len(header["payload"]["arrays"])
     payload = check_payload(unpack_arrays(header["payload"], blobs[:count]), "relayed payload")

@@ -13,7 +13,7 @@ What a SuperNode is told through its node config (``--node-config``):
 - ``workdir`` (optional, default ``~/.cache/fedtune/flower/<run name>``): the client's own disk;
   its task files and persistent state live under ``<workdir>/clients/<client id>``;
 - ``cache-dir`` (optional): this machine's model cache (``model.cache_dir``);
-- ``worker`` (optional): the Unix socket of a warm client worker (``fedtune.fl.flower.worker``)
+- ``worker`` (optional): the Unix socket of a warm client worker (``fedtune.flower.worker``)
   that runs the task on models loaded once; without it the task runs in this ClientApp process.
 
 Client state (``ClientContext.state``) persists across rounds in Flower's ``context.state`` (an
@@ -79,7 +79,7 @@ def run_task(task: str, msg: Message, context: Context) -> Message:
         node_config["workdir"] = context.run_config["client-workdir"]
     state = state_from_context(context)
     if "worker" in node_config:
-        from fedtune.fl.flower.worker import relay
+        from fedtune.flower.worker import relay
 
         answer = relay(str(node_config["worker"]), config_yaml, node_config, task, rnd, payload, state)
     else:
@@ -105,7 +105,7 @@ def _run_here(
     state: EncodedState | None,
 ) -> dict[str, Any]:
     from fedtune.fl.checkpoint import decode_tree, encode_tree
-    from fedtune.fl.flower.node import execute, node_runtime
+    from fedtune.flower.node import execute, node_runtime
 
     try:
         runtime = node_runtime(config_yaml, node_config)
