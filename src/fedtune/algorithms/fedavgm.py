@@ -1,6 +1,6 @@
 """FedAvgM: FedAvg with server momentum on the LoRA adapter (Hsu, Qi and Brown, 2019).
 
-The worked example of "Add a method" in the README: one config class, one pure function for the
+The worked example of docs/adding-a-method.md: one config class, one pure function for the
 maths, one small class that reuses FedIT's client task and helpers. Round t: the sampled clients
 train the global adapter x_t locally (FedIT's ``fit`` task); the server averages their adapters
 weighted by example count, then takes a momentum step on the pseudo-gradient

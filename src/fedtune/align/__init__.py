@@ -1,4 +1,4 @@
-"""Token alignment between tokenizers (FedMKT, paper 001, App. B): canonical token strings, the
+"""Token alignment between tokenizers (FedMKT, Fan et al. 2024, App. B): canonical token strings, the
 minimum-edit-distance vocabulary map, the DTW alignment of two tokenizations and the projection of
 a sender's top-k logits onto the receiver's tokens."""
 

@@ -1,4 +1,4 @@
-"""Aligning two tokenizations of one text, and carrying top-k logits across (paper 001, App. B (b)).
+"""Aligning two tokenizations of one text, and carrying top-k logits across (FedMKT, App. B (b)).
 
 `align_sequences` is FuseLLM's / FATE-LLM's ``dtw``: the monotone path from (0, 0) to (S-1, T-1)
 with steps (1, 1), (1, 0), (0, 1) minimising the summed cost of its cells, the cost of a cell being

@@ -1,4 +1,4 @@
-"""The MinED vocabulary map of FedMKT (paper 001, App. B (a)): every source token -> the target token
+"""The MinED vocabulary map of FedMKT (Fan et al. 2024, App. B (a)): every source token -> the target token
 of minimum edit distance, computed once per tokenizer pair and cached on disk.
 
 Rule (on the canonical strings of `fedtune.align.tokens`): minimum Levenshtein distance; ties ->

@@ -1,7 +1,7 @@
 """``fedtune flower ...``: the commands of a real, multi-machine Flower federation.
 
 Server machine: ``certs`` (once), ``superlink``, ``register`` (each client's public key),
-``submit``. Each client machine: ``keygen`` (once), ``supernode``. README.md walks through them.
+``submit``. Each client machine: ``keygen`` (once), ``supernode``. docs/multi-machine.md walks through them.
 """
 
 from __future__ import annotations
