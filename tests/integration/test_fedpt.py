@@ -188,7 +188,7 @@ def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
 
 
 def test_vocabulary_mismatch_is_an_error_before_training(tmp_path: Path, monkeypatch: Any) -> None:
-    import fedtune.algorithms.fedpt as fedpt_module
+    import fedtune.algorithms.fedpt.server as fedpt_module
 
     def mismatch(*args: Any, **kwargs: Any) -> int:
         raise VocabMismatch("differ")

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-import fedtune.algorithms.fedpt as fedpt
+import fedtune.algorithms.fedpt.final as fedpt
 import fedtune.artifacts as artifacts
 from fedtune.algorithms.fedpt import load_proxy_model
 from fedtune.algorithms.final import FinalModelError

@@ -1,0 +1,208 @@
+"""FedPT's proxy-tuned large LM, during a run and after it.
+
+A finished run's model is the proxy-tuned large LM (``proxy``) or the small LM (``small``).
+
+``artifacts/proxy.json`` records what the proxy needs beyond the small LM's adapter: the alpha the
+run chose, the large model it was chosen for, the shared vocabulary width and the alpha study.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.nn.functional as F
+
+from fedtune.algorithms.final import FinalModel, FinalModelError, load_adapter_model
+from fedtune.config import ExperimentConfig, load_run_config
+from fedtune.data.records import Record
+from fedtune.data.templates import TemplateName
+from fedtune.eval.evaluate import EvalResult, evaluate_generations, perplexity_batches
+from fedtune.eval.metrics import perplexity_from_nll
+from fedtune.models.lora import load_adapter
+from fedtune.proxy.source import LocalLogitSource, LogitSource
+from fedtune.resources import Resources, model_spec
+
+if TYPE_CHECKING:
+    from fedtune.proxy.decode import ProxyTunedLM
+
+PROXY_FILE = "proxy.json"
+
+
+def large_source(cfg: ExperimentConfig, resources: Resources) -> LogitSource:
+    """The black-box large LM (``fedpt.large_model`` in its own dtype; the run's device, cache and
+    seed) as a source of next-token logits, built once per process."""
+    section = cfg.section("fedpt")
+    spec = model_spec(cfg.model, cfg.seed).replace(
+        name=section.large_model, dtype=section.large_dtype, gguf_file=None
+    )
+
+    def build() -> LogitSource:
+        model, tokenizer = resources.model(spec, copy="fedpt/large")
+        return LocalLogitSource(model, tokenizer, spec.name)
+
+    return resources.get("fedpt/large", build)
+
+
+def proxy_lm(
+    cfg: ExperimentConfig, resources: Resources, adapter: Mapping[str, Any], vocab_width: int
+) -> ProxyTunedLM:
+    """The proxy-tuned LM of a running job with ``adapter`` on the small LM (the proxy is built once
+    per process; the adapter is loaded into the small LM every call)."""
+    from fedtune.proxy.decode import ProxyTunedLM
+
+    model, tokenizer = resources.lora_lm()
+    load_adapter(model, adapter)
+    alpha = cfg.section("fedpt").alpha
+    return resources.get(
+        "fedpt/proxy",
+        lambda: ProxyTunedLM(
+            large_source(cfg, resources), model, tokenizer, alpha=alpha, vocab_width=vocab_width
+        ),
+    )
+
+
+def evaluate_proxy(
+    proxy: ProxyTunedLM,
+    tokenizer: Any,
+    records: Sequence[Record],
+    alpha: float,
+    settings: Any,
+    *,
+    template: TemplateName,
+    max_length: int,
+    seed: int,
+) -> EvalResult:
+    """The proxy-tuned LM at strength ``alpha`` on ``records``: generation metrics, and perplexity
+    from its labelled logits when ``settings.metrics`` asks for it."""
+
+    def generate(prompts: Sequence[str], sample_seed: int) -> list[str]:
+        texts: list[str] = proxy.generate(
+            list(prompts),
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=sample_seed,
+            alpha=alpha,
+        )
+        return texts
+
+    result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
+    if "perplexity" in settings.metrics:
+        batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
+        total_nll, total_tokens = 0.0, 0
+        for batch in batches:
+            logits = proxy.labelled_logits(batch, alpha=alpha)
+            targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(logits.device)
+            total_nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+            total_tokens += int(targets.numel())
+        result.metrics["perplexity"] = float(perplexity_from_nll(total_nll, total_tokens))
+    return result
+
+
+class ProxyModel(FinalModel):
+    """A finished FedPT run's output: the proxy-tuned large LM."""
+
+    def __init__(self, cfg: ExperimentConfig, proxy: ProxyTunedLM) -> None:
+        super().__init__(cfg, proxy.tokenizer)
+        self.proxy = proxy
+
+    def evaluate(self, records: list[Record]) -> EvalResult:
+        cfg = self.cfg
+        return evaluate_proxy(
+            self.proxy,
+            self.tokenizer,
+            records,
+            self.proxy.alpha,
+            cfg.eval,
+            template=cfg.data.template,
+            max_length=cfg.data.max_length,
+            seed=cfg.seed,
+        )
+
+    def generate(
+        self, prompts: list[str], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
+    ) -> list[str]:
+        texts: list[str] = self.proxy.generate(
+            prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+        return texts
+
+
+def final_model(
+    cfg: ExperimentConfig, run_dir: Path, variant: str | None, options: Mapping[str, str]
+) -> FinalModel:
+    """``FedPT.load_final`` (variant and option names checked): the proxy-tuned LM at the run's alpha
+    or ``--option alpha=...``, or the small LM with its adapter."""
+    if variant == "small":
+        if options:
+            raise FinalModelError("alpha applies to the proxy-tuned model (--variant proxy) only")
+        return load_adapter_model(cfg, run_dir)
+    alpha = None
+    if "alpha" in options:
+        try:
+            alpha = float(options["alpha"])
+        except ValueError:
+            raise FinalModelError(f"--option alpha={options['alpha']!r} is not a number") from None
+    proxy, _ = load_proxy_model(run_dir, alpha)
+    return ProxyModel(cfg, proxy)
+
+
+def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTunedLM, ExperimentConfig]:
+    """The proxy-tuned LM of a finished FedPT run, and the run's config.
+
+    ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
+    the config's ``fedpt.alpha``.
+    """
+    from fedtune.proxy.decode import ProxyTunedLM
+
+    cfg = load_run_config(run_dir)
+    small = load_adapter_model(cfg, run_dir)
+    section = cfg.section("fedpt")
+    large = LocalLogitSource.load(
+        section.large_model,
+        dtype=section.large_dtype,
+        device=cfg.model.device,
+        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+        seed=cfg.seed,
+    )
+    if alpha is None:
+        alpha = _saved_alpha(run_dir / "artifacts" / PROXY_FILE, section.large_model)
+    proxy = ProxyTunedLM(large, small.model, small.tokenizer, section.alpha if alpha is None else alpha)
+    return proxy, cfg
+
+
+def write_proxy_json(
+    directory: Path,
+    alpha: float,
+    large_model: str,
+    vocab_width: int,
+    alpha_study: Mapping[int, Mapping[str, float]],
+) -> None:
+    """``proxy.json`` in ``directory`` (the run's ``artifacts/``), as ``load_proxy_model`` reads it."""
+    (directory / PROXY_FILE).write_text(
+        json.dumps(
+            {
+                "alpha": alpha,
+                "large_model": large_model,
+                "vocab_width": vocab_width,
+                "alpha_study": {str(k): v for k, v in alpha_study.items()},
+            },
+            indent=1,
+        )
+    )
+
+
+def _saved_alpha(path: Path, large_model: str) -> float | None:
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("large_model", large_model) != large_model:
+        raise FinalModelError(
+            f"{path} was written for large model {saved['large_model']!r}, but the run's config "
+            f"names {large_model!r}"
+        )
+    return float(saved["alpha"])

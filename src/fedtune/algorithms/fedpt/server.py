@@ -1,0 +1,289 @@
+"""FedPT's server: the rounds (FedAvg of the small LM's LoRA, then the distillation of the proxy-tuned
+large LM into it), the alpha search and evaluation, the run state and the final artifacts."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
+from fedtune.algorithms.fedpt import client
+from fedtune.algorithms.fedpt.config import FedPTConfig
+from fedtune.algorithms.fedpt.final import (
+    evaluate_proxy,
+    final_model,
+    large_source,
+    proxy_lm,
+    write_proxy_json,
+)
+from fedtune.algorithms.fedpt.maths import (
+    Batch,
+    frozen_teacher,
+    kd_optimizer,
+    kd_step,
+    logits_with,
+    proxy_teacher,
+)
+from fedtune.algorithms.final import FinalModel, check_options, check_variant
+from fedtune.config import ExperimentConfig
+from fedtune.data.records import DataError, Record
+from fedtune.data.tokenize import encode_records, make_batches
+from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
+from fedtune.fl.aggregate import weighted_average
+from fedtune.fl.federation import ClientTask, Federation, ServerContext
+from fedtune.fl.payload import Payload, arrays
+from fedtune.models.lora import adapter_arrays, load_adapter
+from fedtune.proxy.source import LogitSource
+from fedtune.proxy.vocab import shared_vocab_size
+from fedtune.train.teacher_cache import TeacherCache
+
+log = logging.getLogger("fedtune")
+
+
+class FedPT(Algorithm[FedPTConfig]):
+    name = "fedpt"
+    Config = FedPTConfig
+    final_variants = ("proxy", "small")
+    """``proxy``: the proxy-tuned large LM (FedPT's output); ``small``: the small LM with its adapter."""
+    final_options = ("alpha",)
+    """``alpha``: the proxy's strength (default: the run's chosen alpha, then ``fedpt.alpha``)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.global_adapter: dict[str, np.ndarray] = {}
+        self.alphas: dict[int, float] = {}
+        self.alpha_study: dict[int, dict[str, float]] = {}
+        self.vocab_width = 0
+        self._kd_batches: list[Batch] = []
+        self._teacher: TeacherCache | None = None
+
+    def client_tasks(self) -> dict[str, ClientTask]:
+        return {"fit": client.fit}
+
+    # ----- setup ----------------------------------------------------------------------------------
+    def large(self, server: ServerContext) -> LogitSource:
+        """The black-box large LM, reached through its next-token logits only."""
+        return large_source(self.cfg, server.resources)
+
+    def setup(self, server: ServerContext) -> None:
+        sec: FedPTConfig = self.section
+        model, tokenizer = server.resources.lora_lm()
+        large = self.large(server)
+        small_base: Any = model.get_base_model()
+        small_width = int(small_base.get_output_embeddings().weight.shape[0])
+        self.vocab_width = shared_vocab_size(
+            tokenizer,
+            small_width,
+            large.tokenizer,
+            large.vocab_width,
+            small_name=f"model.name {self.cfg.model.name!r}",
+            large_name=f"fedpt.large_model {sec.large_model!r}",
+        )
+        self.global_adapter = dict(server.resources.initial_adapter())
+        if sec.distill:
+            self._kd_batches = self._public_batches(server)
+            self._teacher = self._teacher_cache(server.run_dir)
+
+    def _public_batches(self, server: ServerContext) -> list[Batch]:
+        sec: FedPTConfig = self.section
+        records = list(server.public_records)
+        if not records:
+            raise DataError(
+                f"fedpt distils on a public set, but data.dataset {self.cfg.data.dataset!r} has no "
+                "'public' split; use a built-in dataset or set fedpt.distill=false (FedAvg+PT)"
+            )
+        if len(records) > sec.kd_examples:
+            records = random.Random(derive_seed(self.cfg.seed, "kd-sample")).sample(records, sec.kd_examples)
+        _, tokenizer = server.resources.lora_lm()
+        examples = encode_records(records, tokenizer, self.cfg.data.template, self.cfg.data.max_length)
+        pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        return make_batches(
+            examples, sec.kd_batch_size, pad, seed=derive_seed(self.cfg.seed, "kd"), bucketing=True
+        )
+
+    def _teacher_cache(self, run_dir: Path) -> TeacherCache:
+        """The frozen teacher's store, keyed by everything its logits depend on."""
+        sec: FedPTConfig = self.section
+        fingerprint = {
+            "small": self.cfg.model.name,
+            "large": sec.large_model,
+            "alpha": sec.alpha,
+            "dtype": sec.teacher_dtype,
+            "kd_examples": sec.kd_examples,
+            "kd_batch_size": sec.kd_batch_size,
+            "max_length": self.cfg.data.max_length,
+            "template": self.cfg.data.template,
+            "dataset": self.cfg.data.dataset,
+            "seed": self.cfg.seed,
+            "vocab_width": self.vocab_width,
+        }
+        return TeacherCache(
+            sec.teacher_cache, run_dir / "cache" / "fedpt-teacher", fingerprint, sec.teacher_dtype
+        )
+
+    # ----- rounds ---------------------------------------------------------------------------------
+    def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
+        message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
+        sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
+        average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
+        kd_stats: dict[str, float] = {}
+        if self.section.distill:
+            average, kd_stats = self._distill(rnd, server, average)
+        self.global_adapter = average
+        return fit_round_result(sampled, replies, weights, kd_stats)
+
+    def _distill(
+        self, rnd: int, server: ServerContext, average: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Step 5: distil the proxy-tuned large LM into the aggregated small LM on D_kd."""
+        sec: FedPTConfig = self.section
+        assert self._teacher is not None
+        start = time.perf_counter()
+        teacher_before = self._teacher.compute_seconds
+        # LoRA dropout draws from torch's global RNG: seed it here, or the distillation depends on
+        # whatever ran before in this process (the clients' local SFT in simulation, nothing on Flower).
+        torch.manual_seed(derive_seed(self.cfg.seed, rnd, "kd-dropout"))
+        model, _ = server.resources.lora_lm()
+        large = self.large(server)
+        load_adapter(model, average)
+        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        theta_bar = {n: p.detach().clone() for n, p in trainable.items()}
+        params = list(trainable.values())
+        optimizer, scheduler = kd_optimizer(params, sec, rnd, self.cfg.fed.rounds)
+        order = np.random.default_rng(derive_seed(self.cfg.seed, rnd, "kd-order")).permutation(
+            len(self._kd_batches)
+        )
+        device = next(model.parameters()).device
+        width = self.vocab_width
+        ce_total = kl_total = student_seconds = 0.0
+        for step in range(sec.kd_steps):
+            index = int(order[step % len(order)])
+            batch = {k: v.to(device) for k, v in self._kd_batches[index].items()}
+            frozen = self._teacher.get(index, partial(self._frozen_teacher, model, large, batch))
+            sbar = logits_with(model, trainable, theta_bar, batch)
+            teacher = proxy_teacher(frozen.to(device), sbar, sec.alpha, width)
+            student_start = time.perf_counter()
+            loss, ce, kl = kd_step(
+                model, batch, teacher, optimizer, params, kd_lambda=sec.kd_lambda, clip_norm=sec.kd_clip_norm
+            )
+            scheduler.step()
+            student_seconds += time.perf_counter() - student_start
+            ce_total += ce
+            kl_total += kl
+            server.report(step + 1, sec.kd_steps, loss)
+        model.eval()
+        return dict(adapter_arrays(model)), {
+            "kd_ce": ce_total / sec.kd_steps,
+            "kd_kl": kl_total / sec.kd_steps,
+            "kd_seconds": time.perf_counter() - start,
+            "kd_student_seconds": student_seconds,
+            "teacher_seconds": self._teacher.compute_seconds - teacher_before,
+        }
+
+    def _frozen_teacher(self, model: Any, large: LogitSource, batch: Batch) -> Tensor:
+        """The part of the teacher that never changes (``maths.frozen_teacher``) for ``batch``."""
+        return frozen_teacher(model, large, batch, self.section.alpha, self.vocab_width)
+
+    # ----- evaluation -----------------------------------------------------------------------------
+    def _alpha(self, rnd: int, server: ServerContext) -> float:
+        """Round ``rnd``'s alpha: searched on the validation split when ``alpha_search`` says so."""
+        sec: FedPTConfig = self.section
+        if rnd in self.alphas:
+            return self.alphas[rnd]
+        final = sec.alpha_search == "final" and rnd == self.cfg.fed.rounds
+        search = rnd > 0 and (sec.alpha_search == "every" or final)
+        if search and not server.validation_records:
+            log.warning("fedpt: no validation split to search alpha on; using fedpt.alpha = %s", sec.alpha)
+        search = search and bool(server.validation_records)
+        self.alphas[rnd] = self._search_alpha(rnd, server) if search else sec.alpha
+        return self.alphas[rnd]
+
+    def _search_alpha(self, rnd: int, server: ServerContext) -> float:
+        """The best of ``alpha_grid`` on the first ``alpha_search_examples`` validation records."""
+        sec: FedPTConfig = self.section
+        settings = self.cfg.eval.model_copy(update={"seeds": sec.alpha_search_seeds})
+        metric = next((m for m in settings.metrics if m != "perplexity"), "perplexity")
+        scores: dict[str, float] = {}
+        records = server.validation_records[: sec.alpha_search_examples]
+        for candidate in sec.alpha_grid:
+            result = self._evaluate_proxy(server, records, candidate, rnd, settings)
+            scores[f"{candidate:g}"] = result.metrics[metric]
+        better = min if metric == "perplexity" else max
+        alpha = float(better(scores, key=lambda a: scores[a]))
+        self.alpha_study[rnd] = scores
+        log.info("fedpt round %d: validation %s by alpha %s -> alpha %g", rnd, metric, scores, alpha)
+        return alpha
+
+    def _evaluate_proxy(
+        self, server: ServerContext, records: Sequence[Record], alpha: float, rnd: int, settings: Any
+    ) -> EvalResult:
+        _, tokenizer = server.resources.lora_lm()
+        proxy = proxy_lm(self.cfg, server.resources, self.global_adapter, self.vocab_width)
+        return evaluate_proxy(
+            proxy,
+            tokenizer,
+            records,
+            alpha,
+            settings,
+            template=self.cfg.data.template,
+            max_length=self.cfg.data.max_length,
+            seed=derive_seed(self.cfg.seed, rnd, "eval"),
+        )
+
+    def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
+        alpha = self._alpha(rnd, server)
+        result = self._evaluate_proxy(server, eval_set.records, alpha, rnd, self.cfg.eval)
+        if not eval_set.name:  # the alpha study belongs to the primary test set's row only
+            result.metrics["alpha"] = alpha
+            for candidate, score in self.alpha_study.get(rnd, {}).items():
+                result.metrics[f"alpha_study/{candidate}"] = score
+        if not self.section.eval_small:
+            return result
+        model, tokenizer = server.resources.lora_lm()
+        load_adapter(model, self.global_adapter)
+        small = evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
+        return merge_results(result, prefixed(small, "small/"))
+
+    # ----- state and the final model --------------------------------------------------------------
+    def final_adapter(self) -> dict[str, np.ndarray]:
+        return self.global_adapter
+
+    @classmethod
+    def load_final(
+        cls,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        variant: str | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> FinalModel:
+        variant = check_variant(cls.name, cls.final_variants, variant)
+        options = dict(options or {})
+        check_options(cls.name, cls.final_options, options)
+        return final_model(cfg, run_dir, variant, options)
+
+    def write_artifacts(self, directory: Path) -> None:
+        last = max(self.alphas) if self.alphas else None
+        alpha = self.alphas[last] if last is not None else self.section.alpha
+        write_proxy_json(directory, alpha, self.section.large_model, self.vocab_width, self.alpha_study)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "global_adapter": self.global_adapter,
+            "alphas": {str(k): v for k, v in self.alphas.items()},
+            "alpha_study": {str(k): v for k, v in self.alpha_study.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
+        self.alphas = {int(k): float(v) for k, v in state.get("alphas", {}).items()}
+        self.alpha_study = {int(k): dict(v) for k, v in state.get("alpha_study", {}).items()}

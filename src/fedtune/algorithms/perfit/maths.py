@@ -1,0 +1,146 @@
+"""PerFIT's maths: the expanded rank and budgets, the importance scores and the search (Alg. 1).
+
+Arrays are keyed by peft's adapter state-dict keys: a module's ``lora_A`` is ``[r_e, d_in]``, its
+``lora_B`` ``[d_out, r_e]``; a mask is a boolean array of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedtune.algorithms.perfit.config import Importance
+from fedtune.models.lora import adapter_parameters, load_adapter
+from fedtune.train.losses import response_nll
+
+Batch = dict[str, torch.Tensor]
+
+
+def expanded_rank(rank: int, sparsity: float) -> int:
+    """r_e = round(r / (1 - s)): 8 -> 12 at s = 0.33, 16 at s = 0.5."""
+    return max(rank, round(rank / (1 - sparsity)))
+
+
+def budget_rank(budgets: Sequence[int], index: int, rank_e: int) -> int:
+    """The budget (a rank) of the client at ``index`` in the client order: round-robin over ``budgets``."""
+    rank = budgets[index % len(budgets)]
+    if rank > rank_e:
+        raise ValueError(f"perfit.budgets rank {rank} exceeds the expanded rank {rank_e}")
+    return rank
+
+
+def kept_count(shapes: Mapping[str, tuple[int, ...]], rank: int) -> int:
+    """Entries of a rank-``rank`` LoRA on the same modules: rank x (d_in + d_out) summed over modules."""
+    return sum(rank * (shape[1] if "lora_A" in key else shape[0]) for key, shape in shapes.items())
+
+
+def keep_schedule(total: int, final: int, step: int, steps: int) -> int:
+    """Entries kept after search step ``step`` of ``steps``: round(total (final / total)^(step / steps)).
+
+    The pruned fraction ``1 - (final / total)^(t / T_p)`` is the paper's ``1 - (1 - s)^(t / T_p)``;
+    the last step keeps exactly ``final``.
+    """
+    if step >= steps:
+        return final
+    return max(final, round(total * (final / total) ** (step / steps)))
+
+
+def importance_scores(
+    weight: np.ndarray, grad: np.ndarray, fisher: np.ndarray, kind: Importance
+) -> np.ndarray:
+    """Per-entry importance (eq. 2-4): first |g w|, second |w H w|, mixed |g w - w H w / 2|; H = Fisher.
+
+    All four arrays have the module's shape.
+    """
+    first = grad * weight
+    second = weight * fisher * weight
+    if kind == "first":
+        return np.abs(first)
+    if kind == "second":
+        return np.abs(second)
+    return np.abs(first - 0.5 * second)
+
+
+def top_entries(
+    scores: Mapping[str, np.ndarray], current: Mapping[str, np.ndarray], count: int
+) -> dict[str, np.ndarray]:
+    """Masks keeping the ``count`` highest scores among the entries ``current`` holds, over all keys
+    together; ties go to the earlier entry (keys in order, entries in C order)."""
+    keys = list(scores)
+    flat = np.concatenate([np.where(current[k], scores[k], -np.inf).ravel() for k in keys])
+    if count > int(np.isfinite(flat).sum()):
+        raise ValueError(f"cannot keep {count} entries: only {int(np.isfinite(flat).sum())} are left")
+    order = np.argsort(-flat, kind="stable")[:count]
+    chosen = np.zeros(flat.size, dtype=bool)
+    chosen[order] = True
+    masks, offset = {}, 0
+    for key in keys:
+        size = scores[key].size
+        masks[key] = chosen[offset : offset + size].reshape(scores[key].shape)
+        offset += size
+    return masks
+
+
+def symmetric_init(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """A and B ~ N(0, 1/d), d the adapted layer's input width (A's second dimension); float32."""
+    rng = np.random.default_rng(seed)
+    width: dict[str, int] = {}
+    for key, shape in shapes.items():
+        if "lora_A" in key:
+            width[key.replace("lora_A", "lora_B")] = shape[1]
+            width[key] = shape[1]
+    return {
+        key: rng.normal(0.0, 1.0 / np.sqrt(width[key]), size=shape).astype(np.float32)
+        for key, shape in shapes.items()
+    }
+
+
+def local_gradients(
+    model: Any, weights: Mapping[str, np.ndarray], batches: Sequence[Batch]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The LoRA weights' mean gradient of the response NLL over ``batches`` and the empirical Fisher
+    diagonal (mean of the squared per-batch gradients), with ``weights`` loaded; the base is frozen.
+    Both float64, each key the shape of its weight."""
+    load_adapter(model, weights)
+    params = adapter_parameters(model)
+    grad = {k: np.zeros(p.shape, dtype=np.float64) for k, p in params.items()}
+    fisher = {k: np.zeros(p.shape, dtype=np.float64) for k, p in params.items()}
+    device = next(iter(params.values())).device
+    model.eval()  # no dropout: the scores measure the model as it is
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        nll, count = response_nll(model, {k: v.to(device) for k, v in batch.items()})
+        (nll / max(1, count)).backward()
+        for key, p in params.items():
+            g = p.grad.detach().double().cpu().numpy() if p.grad is not None else 0.0
+            grad[key] += g / len(batches)
+            fisher[key] += np.square(g) / len(batches)
+    model.zero_grad(set_to_none=True)
+    return grad, fisher
+
+
+def search_masks(
+    model: Any,
+    weights: Mapping[str, np.ndarray],
+    batches: Sequence[Batch],
+    final: int,
+    *,
+    steps: int,
+    per_step: int,
+    importance: Importance,
+) -> dict[str, np.ndarray]:
+    """Alg. 1: ``steps`` rounds of scoring the entries still held (gradients over the next
+    ``per_step`` of ``batches``, cycling) and keeping ``keep_schedule``'s count; the last keeps
+    exactly ``final``. ``weights`` is the expanded LoRA before pruning; returns one mask per key."""
+    masks = {key: np.ones(weight.shape, dtype=bool) for key, weight in weights.items()}
+    total = sum(m.size for m in masks.values())
+    for step in range(1, steps + 1):
+        start = (step - 1) * per_step
+        chosen = [batches[(start + i) % len(batches)] for i in range(per_step)]
+        grad, fisher = local_gradients(model, {k: w * masks[k] for k, w in weights.items()}, chosen)
+        scores = {k: importance_scores(weights[k], grad[k], fisher[k], importance) for k in weights}
+        masks = top_entries(scores, masks, keep_schedule(total, final, step, steps))
+    return masks
