@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import base_parser, markdown_table, median, parse, write_results
 
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct"]
 TASKS = {"wordnet-wic": 48, "wordnet-hypernym-yn": 48, "wordnet-defchoice": 24}
@@ -88,9 +88,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P12")
     parser.add_argument("--models", nargs="+", default=None, help=f"default {' '.join(MODELS)}")
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
-    args = parser.parse_args(argv)
-    setup_torch(args.threads)
-    started, start_load = now(), load_avg()
+    args, began = parse(parser, argv)
     from fedtune.models.loading import load_causal_lm
 
     models = args.models or (["tiny-llama"] if args.smoke else MODELS)
@@ -130,15 +128,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     print(markdown)
     record = {"threads": args.threads, "repeats": repeats, "results": results}
-    write_results(
-        "p12",
-        record,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
+    write_results("p12", record, markdown, args, began)
     return record
 
 

@@ -1,10 +1,13 @@
 """Helpers shared by the benchmark scripts: arguments, machine facts, results files, tables.
 
-Conventions every ``bench/p*.py`` follows:
+Conventions every benchmark of ``bench/ids.py`` with a ``--smoke`` size follows:
 - ``--smoke`` runs a CI-sized version (tiny model, a few steps, seconds) and writes
   ``<name>.smoke.json`` so a smoke run never overwrites the real results;
 - ``--results-dir`` (default ``bench/results``) is where ``<name>.json`` and ``<name>.md`` go;
 - ``--threads`` (default 2) pins torch's intra-op threads, the same for both sides of a comparison.
+
+The benchmarks that measure a config's job (``config_parser``) write ``<kind>-<config name>.{md,json}``
+through ``write_table``; the paper tables of ``experiments/`` write theirs the same way.
 """
 
 from __future__ import annotations
@@ -17,15 +20,21 @@ import platform
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
 DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+MODEL, SMOKE_MODEL = "smollm2-135m-instruct", "tiny-llama"
+
+
+def base_parser(description: str, *, model: bool = False) -> argparse.ArgumentParser:
+    """The options of every pN benchmark (and ``--model`` with ``model``: see ``parse``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--smoke", action="store_true", help="CI-sized run on a tiny model (seconds)")
     parser.add_argument(
@@ -33,22 +42,38 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both sides)")
     parser.add_argument("--seed", type=int, default=0)
+    if model:
+        parser.add_argument("--model", default=None, help=f"default {MODEL} ({SMOKE_MODEL} with --smoke)")
     return parser
 
 
-def table_parser(description: str | None) -> argparse.ArgumentParser:
-    """The options every paper-table script shares; the script adds its rows and settings."""
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, Start]:
+    """The arguments (``--model`` resolved to its default), torch's threads pinned, and the start of
+    the measurement."""
+    args = parser.parse_args(argv)
+    if "model" in vars(args) and args.model is None:
+        args.model = SMOKE_MODEL if args.smoke else MODEL
+    setup_torch(args.threads)
+    return args, Start()
+
+
+def config_parser(description: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark that measures one config's job: the config, ``--set`` overrides and
+    ``--results-dir``; the script adds its own."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("config", type=Path)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
-    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
     parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     return parser
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """``python <script> <arguments>`` as a results file quotes it, the script relative to the checkout."""
+    path = Path(script).resolve()
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return " ".join(["python", shown.as_posix(), *(argv if argv is not None else sys.argv[1:])])
 
 
 def setup_torch(threads: int) -> None:
@@ -109,6 +134,14 @@ def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
 
 
+@dataclass(frozen=True)
+class Start:
+    """When a measurement started and the machine's load then (``write_results`` records both)."""
+
+    time: str = field(default_factory=now)
+    load: list[float] = field(default_factory=load_avg)
+
+
 def median(values: Iterable[float]) -> float:
     data = list(values)
     if not data:
@@ -146,24 +179,19 @@ def results_name(name: str, smoke: bool) -> str:
 
 
 def write_results(
-    name: str,
-    results: dict[str, Any],
-    markdown: str,
-    *,
-    results_dir: Path,
-    smoke: bool,
-    started: str,
-    start_load: list[float] | None = None,
+    name: str, results: dict[str, Any], markdown: str, args: argparse.Namespace, start: Start
 ) -> Path:
-    """Write ``<name>.json`` (results plus run metadata) and ``<name>.md``; return the JSON path."""
+    """Write ``<name>.json`` (results plus run metadata) and ``<name>.md`` into ``args.results_dir``
+    (``<name>.smoke.*`` with ``args.smoke``); return the JSON path."""
+    results_dir: Path = args.results_dir
     results_dir.mkdir(parents=True, exist_ok=True)
-    stem = results_name(name, smoke)
+    stem = results_name(name, args.smoke)
     record = {
         "benchmark": name,
-        "load_avg_at_start": start_load,
-        "smoke": smoke,
+        "load_avg_at_start": start.load,
+        "smoke": args.smoke,
         "command": [Path(sys.executable).name, *sys.argv],
-        "started": started,
+        "started": start.time,
         "finished": now(),
         "machine": machine_info(),
         **results,
@@ -171,24 +199,8 @@ def write_results(
     path = results_dir / f"{stem}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     (results_dir / f"{stem}.md").write_text(markdown + "\n", encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
     return path
-
-
-def panel_grid(
-    count: int, width: float, height: float, margin: float = 0.6
-) -> tuple[Any, list[Any], list[Any]]:
-    """A figure of ``count`` panels of ``width`` x ``height`` inches, three at most a line (``margin``:
-    inches for the title and legend): the figure, its panels in order, the first panel of each line."""
-    from matplotlib.figure import Figure
-
-    cols = min(3, count)
-    lines = -(-count // cols)
-    figure = Figure(figsize=(1.0 + width * cols, margin + height * lines), layout="constrained")
-    grid = figure.subplots(lines, cols, squeeze=False)
-    axes = [ax for line in grid for ax in line]
-    for spare in axes[count:]:
-        spare.set_visible(False)
-    return figure, axes[:count], [line[0] for line in grid]
 
 
 def sibling(stem: Path, suffix: str) -> Path:
@@ -196,27 +208,9 @@ def sibling(stem: Path, suffix: str) -> Path:
     return stem.with_name(stem.name + suffix)
 
 
-def earlier_results(stem: Path) -> dict[str, Any]:
-    """The per-row results of a table's previous write (``<stem>.json``), or {} when there is none."""
-    path = sibling(stem, ".json")
-    if not path.is_file():
-        return {}
-    try:
-        results = json.loads(path.read_text())["results"]
-    except (ValueError, KeyError, TypeError) as error:
-        message = f"{path}: not a table's results file ({error}); move it away or drop --keep-earlier"
-        raise SystemExit(message) from error
-    return results if isinstance(results, dict) else {}
-
-
-def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:
-    """The seeds asked for that have no finished run here but a value of ``key`` in ``earlier``."""
-    have = set(done)
-    return [seed for seed in wanted if seed not in have and seed in earlier.get(f"{key}_by_seed", {})]
-
-
 def write_table(stem: Path, text: str, config: str, command: str, results: Any) -> None:
-    """A paper-table script's output: ``<stem>.md`` (what it prints) and ``<stem>.json`` (the numbers)."""
+    """A table's output: ``<stem>.md`` (what it prints) and ``<stem>.json`` (the numbers, the config, the
+    command and the machine)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     sibling(stem, ".md").write_text(text if text.endswith("\n") else text + "\n")
     record = {"config": config, "command": command, "machine": machine_info(), "results": results}

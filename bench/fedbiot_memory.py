@@ -9,7 +9,7 @@ training is the config's own (batch size, sequence length, optimizer, adapter mo
 not touch a client is cut short (one round, two local steps, a few server alignment steps, a tiny
 evaluation).
 
-Variants (the rows of ``bench/fedbiot_table.py``, plus the usual alternative):
+Variants (the rows of ``experiments/fedbiot_table.py``, plus the usual alternative):
 - ``fedit``: FedIT, a client holding the whole LLM with LoRA on it (what FedBiOT avoids);
 - ``fedot``: Offsite-tuning / FedOT's client (first 2 + last 2 layers + emulator);
 - ``fedbiot_a2`` / ``fedbiot_a4`` at dropout 0.2, ``fedbiot_a2`` at 0.5.
@@ -21,7 +21,6 @@ and holds no model: everything above it is the model, its gradients, optimizer a
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -31,9 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
-from bench.fedbiot_table import METHODS
-from bench.fedpt_table import read_rows
+from bench.common import command_line, config_parser, markdown_table, write_table
 
 SHORT = [
     "fed.rounds=1",
@@ -47,12 +44,22 @@ SHORT = [
     "fedbiot.align_steps=1",
     "progress=false",
 ]
+# The client-side settings of the paper table's rows ``fedot``, ``fedbiot_a2`` and ``fedbiot_a4``
+# (tests/integration/test_bench_smoke.py checks that they agree with experiments/fedbiot_table.py).
+FEDOT = [
+    "fedbiot.split=first_last",
+    "fedbiot.adapter_layers=4",
+    "fedbiot.align_steps=0",
+    "fedbiot.prox_eps=0",
+]
+ADAPTER2 = ["fedbiot.split=last", "fedbiot.adapter_layers=2"]
+ADAPTER4 = ["fedbiot.split=last", "fedbiot.adapter_layers=4"]
 VARIANTS: dict[str, list[str]] = {
     "fedit": ["algorithm=fedit", "fedbiot=null", "eval.metrics=[perplexity]"],
-    "fedot": [*METHODS["fedot"], "fedbiot.dropout=0.2"],
-    "fedbiot_a2": [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2"],
-    "fedbiot_a4": [*METHODS["fedbiot_a4"], "fedbiot.dropout=0.2"],
-    "fedbiot_a2_d0.5": [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.5"],
+    "fedot": [*FEDOT, "fedbiot.dropout=0.2"],
+    "fedbiot_a2": [*ADAPTER2, "fedbiot.dropout=0.2"],
+    "fedbiot_a4": [*ADAPTER4, "fedbiot.dropout=0.2"],
+    "fedbiot_a2_d0.5": [*ADAPTER2, "fedbiot.dropout=0.5"],
 }
 LABELS = {
     "baseline": "process with torch + transformers + fedtune imported, no model",
@@ -66,7 +73,7 @@ LABELS = {
 
 def baseline_mb() -> float:
     code = (
-        "import torch, transformers, fedtune.fl.flower.worker, fedtune.algorithms;"
+        "import torch, transformers, fedtune.flower.worker, fedtune.algorithms;"
         "from fedtune.train.loop import peak_rss_mb; print(peak_rss_mb())"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -74,11 +81,13 @@ def baseline_mb() -> float:
 
 
 def measure(config: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    from fedtune.report.io import read_metrics
+
     command = [sys.executable, "-m", "fedtune", "run", str(config), "--backend", "flower"]
     command += [*overrides, "-o", str(run_dir)]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
-    trained = [r for r in read_rows(run_dir) if r.get("round", 0) > 0]
+    trained = [r for r in read_metrics(run_dir) if r["round"] > 0]
     if not trained or "client_peak_mem_mb" not in trained[-1]:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no client_peak_mem_mb")
     out: dict[str, Any] = {
@@ -92,13 +101,8 @@ def measure(config: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
+    parser = config_parser(__doc__)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['mb_down']:.0f}" if "mb_down" in r else "-",
             ]
         )
-    command = "python bench/fedbiot_memory.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line(__file__, argv)
     text = "\n".join(
         [
             f"# {cfg.name}: peak memory of one client process (CPU RSS), {cfg.model.name}",

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, table_parser, write_table
+from bench.common import command_line, config_parser, markdown_table, write_table
 from bench.fedbiot_memory import baseline_mb, measure
 
 SHORT = [
@@ -53,7 +53,7 @@ def variants(cfg: Any, chosen: list[str] | None) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = table_parser(__doc__.splitlines()[0])
+    parser = config_parser(__doc__)
     parser.add_argument("--variants", nargs="+", default=None, help="slm:<name> ... fedit (default: all)")
     args = parser.parse_args(argv)
     from fedtune.config import load_config
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         }.get(name, f"FedMKT: {name.removeprefix('slm:')} + LoRA")
         above = "-" if name == "baseline" else f"{r['client_peak_mem_mb'] - base:.0f}"
         rows.append([label, f"{r['client_peak_mem_mb']:.0f}", above])
-    command = "python bench/fedmkt_memory.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line(__file__, argv)
     text = "\n".join(
         [
             f"# {cfg.name}: peak memory of one client process (CPU RSS)",

@@ -23,16 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, now, setup_torch, write_results
+from bench.common import Start, base_parser, markdown_table, setup_torch, write_results
 
 CLIENT, SERVER = "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 def knowledge_of(name: str, records: list[Any], k: int, max_length: int) -> tuple[Any, Any, Any]:
-    from fedtune.algorithms.fedmkt.maths import public_knowledge
-    from fedtune.algorithms.fedmkt.transfer import public_view
+    from fedtune.algorithms.fedmkt.maths import public_knowledge, public_view
     from fedtune.algorithms.fedmkt.wire import Knowledge
     from fedtune.data.tokenize import make_batches
     from fedtune.models.loading import load_causal_lm
@@ -74,7 +73,7 @@ def encodings(knowledge: Any, vocab: int) -> dict[str, int]:
 def server_time(
     knowledge: Any, client_tok: Any, client_view: Any, llm_tok: Any, llm_view: Any, k: int
 ) -> dict[str, float]:
-    from fedtune.algorithms.fedmkt.transfer import alignments, teacher_rows
+    from fedtune.algorithms.fedmkt.maths import alignments, teacher_rows
     from fedtune.algorithms.fedmkt.wire import unpack_knowledge
     from fedtune.align import vocab_map
 
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_torch(args.threads)
     from fedtune.data.builtin import load_builtin
 
-    started, start_load = now(), load_avg()
+    began = Start()
     client, server = ("tiny-llama-bpe", "tiny-qwen2-spm") if args.smoke else (CLIENT, SERVER)
     count = 4 if args.smoke else args.examples
     records = load_builtin("wordnet-instruct", "public")[:count]
@@ -160,17 +159,8 @@ def main(argv: list[str] | None = None) -> None:
             "(inflate + unpack + project).",
         ]
     )
-    path = write_results(
-        "p7",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
+    write_results("p7", results, markdown, args, began)
     print(markdown)
-    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

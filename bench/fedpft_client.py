@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import Start, base_parser, command_line, markdown_table, median, setup_torch, write_results
 
 MODELS = ("all-minilm-l6-v2", "smollm2-135m-instruct")
 SMOKE_MODELS = ("tiny-bert-L4-H32", "tiny-llama-L4-H32")
@@ -52,7 +52,7 @@ LORA_R, LORA_ALPHA, LORA_DROPOUT = 8, 48, 0.1  # configs/paper/fedpft-minilm.yam
 LR, DISTILL_LR, CLIP_NORM = 8e-4, 1e-4, 1.0
 BYTES_FP32 = 4
 MB = 2**20
-PRELOAD = ["torch", "transformers", "peft", "fedtune.models.ffn", "fedtune.algorithms.fedpft.parts"]
+PRELOAD = ["torch", "transformers", "peft", "fedtune.models.ffn", "fedtune.algorithms.fedpft.wire"]
 
 
 # ------------------------------------------------------------------ data
@@ -104,8 +104,8 @@ def public_batches(tokenizer: Any, examples: int, batch_size: int, seq_len: int,
 def client_models(base: Any, keep_ratio: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three client models (no LoRA yet; ``fedpetuning`` is ``base`` itself), and which layers' LoRA
     each trains: every layer's (layout ``None``), except FedOT's (its adapter)."""
-    from fedtune.algorithms.fedpft.algorithm import adapter_layers, kept_layers
-    from fedtune.algorithms.fedpft.parts import Layout
+    from fedtune.algorithms.fedpft.maths import adapter_layers, kept_layers
+    from fedtune.algorithms.fedpft.wire import Layout
     from fedtune.models.derive import truncate_layers
     from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
     from fedtune.models.surgery import num_decoder_layers
@@ -143,7 +143,8 @@ def token_macs(model: Any, seq_len: int) -> dict[str, int]:
 
 def sizes(model: Any, layout: Any) -> dict[str, int]:
     """Parameters the client holds, and the fp32 bytes of what it sends and receives."""
-    from fedtune.algorithms.fedpft.parts import count, ffn_parameters, model_params, tuned_parameters
+    from fedtune.algorithms.fedpft.maths import count, model_params
+    from fedtune.algorithms.fedpft.wire import ffn_parameters, tuned_parameters
 
     trained = tuned_parameters(model, layout)
     tuned, ffn = count(trained), count(ffn_parameters(model))
@@ -160,7 +161,7 @@ def sizes(model: Any, layout: Any) -> dict[str, int]:
 
 def train_only_tuned(model: Any, layout: Any) -> Any:
     """AdamW over LoRA (of ``layout.tuned``'s layers when set) + head, everything else frozen."""
-    from fedtune.algorithms.fedpft.parts import tuned_parameters
+    from fedtune.algorithms.fedpft.wire import tuned_parameters
     from fedtune.train.optim import build_optimizer
 
     tuned = tuned_parameters(model, layout)
@@ -207,7 +208,7 @@ def rebuilt_client(directory: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from fedtune.algorithms.fedpft.parts import Layout, with_lora
+    from fedtune.algorithms.fedpft.wire import Layout, with_lora
     from fedtune.models.ffn import resize_ffn
 
     spec = json.loads((directory / "arch.json").read_text())
@@ -245,9 +246,9 @@ def client_probe(directory: str, steps: int, threads: int) -> None:
 
 
 def probe_rss(context: Any, directory: Path, steps: int, threads: int) -> dict[str, float]:
-    # The forkserver's children import their target by module name: neither ``__main__`` nor a
-    # test's module loaded by path would resolve there, this script's own name (bench/ on sys.path) does.
-    target = importlib.import_module(Path(__file__).stem).client_probe
+    # The forkserver's children import their target by module name, which ``__main__`` is not; the
+    # package name is, with the checkout on sys.path (above), which the forkserver inherits.
+    target = importlib.import_module("bench.fedpft_client").client_probe
     process = context.Process(target=target, args=(str(directory), steps, threads))
     process.start()
     process.join()
@@ -307,7 +308,8 @@ def distillation_times(
 
 # ------------------------------------------------------------------ main
 def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str, Any]:
-    from fedtune.algorithms.fedpft.parts import count, ffn_parameters, with_lora
+    from fedtune.algorithms.fedpft.maths import count
+    from fedtune.algorithms.fedpft.wire import ffn_parameters, with_lora
     from fedtune.data.builtin import load_builtin
     from fedtune.data.classify import class_names
     from fedtune.models.ffn import ffn_widths
@@ -447,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
         args.warmup_steps, args.timed_steps, args.probe_steps = 1, 2, 1
         args.distill_steps, args.neuron_steps, args.public_examples = 2, 2, 32
     setup_torch(args.threads)
-    started, start_load = now(), load_avg()
+    began = Start()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     models = args.models or (SMOKE_MODELS if args.smoke else MODELS)
@@ -466,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         lr=LR,
         threads=args.threads,
     )
-    command = " ".join(["python bench/fedpft_client.py", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line(__file__, argv)
     markdown = "\n\n".join(
         [
             f"# P11: FedPFT client vs FedPETuning (full model) and FedOT (layer drop) on {DATASET}",
@@ -481,17 +483,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     results = {"settings": settings, "models": entries}
-    path = write_results(
-        "p11",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
+    write_results("p11", results, markdown, args, began)
     print(markdown)
-    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

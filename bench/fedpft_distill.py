@@ -15,7 +15,6 @@ distillation's loss.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -26,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
+from bench.common import command_line, config_parser, markdown_table, write_table
 
 
 def backbone(cfg: Any) -> tuple[Any, Any]:
@@ -62,17 +61,12 @@ def read_hidden(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
+    parser = config_parser(__doc__)
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-4, 1e-3])
     parser.add_argument("--steps", nargs="+", type=int, default=[20, 50], help="checkpoints, increasing")
     parser.add_argument("--public", type=int, default=128, help="public texts the distillation cycles over")
     parser.add_argument("--held-out", type=int, default=64, help="held-out texts the error is measured on")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--set", action="append", default=[], help="a config override")
     args = parser.parse_args(argv)
     if args.steps != sorted(set(args.steps)) or args.steps[0] < 1:
         parser.error(f"--steps must be increasing positive checkpoints, got {args.steps}")
@@ -123,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             [str(p["steps"]), lr, f"{p['error']:.3f}", f"{p['loss']:.3g}", f"{p['seconds']:.0f}"]
             for p in curve
         ]
-    command = "python bench/fedpft_distill.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line(__file__, argv)
     text = "\n".join(
         [
             f"# {cfg.name}: layer-level distillation of the FedPFT sub-model ({cfg.model.name})",

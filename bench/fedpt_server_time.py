@@ -25,9 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import base_parser, load_avg, now, setup_torch, write_results
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT, Start, base_parser, command_line, now, setup_torch, write_results
 
 
 def build(config: Path, overrides: list[str], run_dir: Path) -> tuple[Any, Any]:
@@ -60,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
         args.rounds = min(args.rounds, 3)
-    started, start_load = now(), load_avg()
+    began = Start()
     work = Path(tempfile.mkdtemp(prefix="fedtune-p6-"))
     rounds: dict[str, list[dict[str, float]]] = {"disk": [], "recompute": []}
     try:
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# P6: FedPT server time per round",
             "",
-            f"`python bench/fedpt_server_time.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
+            f"`{command_line(__file__, argv)}` — {now()}, load {began.load}, "
             f"config `{config.name}`, {args.rounds} rounds",
             "",
             *table,
@@ -123,23 +121,9 @@ def main(argv: list[str] | None = None) -> None:
             "",
         ]
     )
-    write_results(
-        "p6",
-        {
-            "config": str(config),
-            "overrides": overrides,
-            "rounds": rounds,
-            "summary": summary,
-            "speedup": speedup,
-            "cache_mb": cache_bytes / 2**20,
-        },
-        text,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
     print(text)
+    results = {"config": str(config), "overrides": overrides, "rounds": rounds, "summary": summary}
+    write_results("p6", results | {"speedup": speedup, "cache_mb": cache_bytes / 2**20}, text, args, began)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import (
+    ROOT,
+    Start,
+    base_parser,
+    command_line,
+    markdown_table,
+    median,
+    now,
+    setup_torch,
+    write_results,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {
     "client_seconds",
     "server_seconds",
@@ -60,7 +69,7 @@ def in_process(cfg: Any, run_dir: Path) -> list[dict[str, Any]]:
 def on_flower(deployment: Any, cfg: Any, run_dir: Path) -> list[dict[str, Any]]:
     import yaml
 
-    from fedtune.fl.flower.node import task_names
+    from fedtune.flower.node import task_names
 
     cfg.fed.backend = "flower"
     text = yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False)
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setup_torch(args.threads)
     from fedtune.config import load_config
-    from fedtune.fl.flower.deploy import LocalDeployment
+    from fedtune.flower.local import LocalDeployment
 
     config, rounds, repeats = args.config, args.rounds, args.repeats
     extra: list[str] = []
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     clients = load_config(config, overrides).data.partition.num_clients
     node_threads = max(1, args.threads // clients)
-    started, start_load = now(), load_avg()
+    began = Start()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fedtune-p8-") as tmp:
         root = Path(tmp)
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "P8: Flower loopback deployment vs in-process, same FedIT job (round seconds, median)",
             "",
-            f"`python bench/flower_overhead.py {' '.join(sys.argv[1:])}` — {now()}, load {start_load}, "
+            f"`{command_line(__file__, argv)}` — {now()}, load {began.load}, "
             f"config `{config.name}` ({clients} clients), {rounds} rounds (timed: {list(timed)}), "
             f"{repeats} repeat(s), threads {args.threads} in-process / {node_threads} per SuperNode",
             "",
@@ -205,10 +214,8 @@ def main(argv: list[str] | None = None) -> None:
             "runs": runs,
         },
         text,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
+        args,
+        began,
     )
     print(text)
 

@@ -10,7 +10,7 @@ in the in-process simulation, next to the server's copy of every mask. Each vari
 
 Only what does not change what is held is cut short: one search step of one batch, one local step,
 batch 2 of at most 48 tokens, a perplexity-only evaluation at the end. The budget is P4's
-(``../shared/BENCHMARKS.md``): the reference's RSS + clients x a dense rank-r_e adapter + 1 GB; the
+(``bench/README.md``): the reference's RSS + clients x a dense rank-r_e adapter + 1 GB; the
 table also gives the state that each client holds, read from the run's checkpoint.
 
     python bench/perfit_memory.py configs/paper/perfit-smollm2.yaml            # 100 clients
@@ -19,7 +19,6 @@ table also gives the state that each client holds, read from the run's checkpoin
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -30,8 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, markdown_table, write_table
-from bench.perfit_table import ROWS, read_rows
+from bench.common import command_line, config_parser, markdown_table, write_table
 
 SHORT = [
     "fed.rounds=1",
@@ -42,9 +40,11 @@ SHORT = [
     "eval.metrics=[perplexity]",
     "progress=false",
 ]
+# The paper table's rows ``fit`` and ``perfit_s0.5`` (tests/integration/test_bench_smoke.py checks that
+# they agree with experiments/perfit_table.py), PerFIT's search cut to one step of one batch.
 VARIANTS: dict[str, list[str]] = {
-    "fit": ROWS["fit"],
-    "perfit": [*ROWS["perfit_s0.5"], "perfit.search_steps=1", "perfit.search_batches=1"],
+    "fit": ["algorithm=fedit", "perfit=null"],
+    "perfit": ["perfit.sparsity=0.5", "perfit.search_steps=1", "perfit.search_batches=1"],
 }
 LABELS = {
     "fit": "FIT (FedIT, rank r): no personal state",
@@ -78,10 +78,12 @@ def state_bytes(run_dir: Path) -> dict[str, float]:
 
 
 def measure(config: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    from fedtune.report.io import read_metrics
+
     command = [sys.executable, "-m", "fedtune", "run", str(config), *overrides, "-o", str(run_dir)]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
-    trained = [r for r in read_rows(run_dir) if r.get("round", 0) > 0]
+    trained = [r for r in read_metrics(run_dir) if r["round"] > 0]
     if not trained or "peak_rss_mb" not in trained[-1]:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no peak_rss_mb")
     return {
@@ -102,13 +104,8 @@ def dense_adapter_mb(cfg: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
+    parser = config_parser(__doc__)
     parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     args = parser.parse_args(argv)
     from fedtune.config import load_config
 
@@ -135,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, r in results.items()
         if name in VARIANTS
     ]
-    command = "python bench/perfit_memory.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line(__file__, argv)
     verdict = "met" if results["perfit"]["peak_rss_mb"] <= budget else "NOT met"
     text = "\n".join(
         [

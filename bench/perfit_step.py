@@ -6,7 +6,7 @@ Side by side in one process, the variants alternating within every repeat, on th
 - ``masked_re``: the rank-r_e LoRA trained through gradient masks that keep exactly the rank-r
   count (PerFIT's step: ``train_local(..., grad_masks=...)``).
 Each run: AdamW, one warm-up step, then ``--timed-steps`` timed steps; medians over repeats.
-Target (BENCHMARKS.md): masked_re <= 1.15 x dense_r. The search (T_p steps of ``--search-batches``
+Target (bench/ids.py): masked_re <= 1.15 x dense_r. The search (T_p steps of ``--search-batches``
 batches, gradients only) is timed against one local epoch of the same client's data.
 
     python bench/perfit_step.py              # SmolLM2-135M-Instruct, batch 8 x 96 tokens
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import base_parser, markdown_table, median, parse, write_results
 
 VARIANTS = ("dense_r", "dense_re", "masked_re")
 TARGETS = ["q_proj", "k_proj", "v_proj"]
@@ -94,10 +94,7 @@ def time_search(model: Any, batches: Sequence[Any], steps: int, per_step: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P10")
-    parser.add_argument(
-        "--model", default=None, help="default smollm2-135m-instruct (tiny-llama with --smoke)"
-    )
+    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P10", model=True)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--sparsity", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -107,16 +104,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--search-steps", type=int, default=5)
     parser.add_argument("--search-batches", type=int, default=2)
     parser.add_argument("--epoch-batches", type=int, default=4, help="a client's local epoch, in batches")
-    args = parser.parse_args(argv)
-    setup_torch(args.threads)
-    started, start_load = now(), load_avg()
+    args, began = parse(parser, argv)
     from fedtune.algorithms.perfit import expanded_rank
 
-    model_name = args.model or ("tiny-llama" if args.smoke else "smollm2-135m-instruct")
     repeats = args.repeats or (1 if args.smoke else 3)
     timed = args.timed_steps or (2 if args.smoke else 4)
     rank_e = expanded_rank(args.rank, args.sparsity)
-    models = {"dense_r": _model(model_name, args.rank), "dense_re": _model(model_name, rank_e)}
+    models = {"dense_r": _model(args.model, args.rank), "dense_re": _model(args.model, rank_e)}
     models["masked_re"] = models["dense_re"]
     batches = _batches(
         models["dense_r"][1], max(timed + 1, args.epoch_batches), args.batch_size, args.max_length
@@ -139,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = [[v, f"{step[v]:.3f}", f"{ratios[v]:.2f}x"] for v in VARIANTS]
     markdown = "\n".join(
         [
-            f"P10 PerFIT masked LoRA step, {model_name} fp32 CPU, {args.threads} thread(s), batch "
+            f"P10 PerFIT masked LoRA step, {args.model} fp32 CPU, {args.threads} thread(s), batch "
             f"{args.batch_size} x <= {args.max_length} tokens, r = {args.rank}, r_e = {rank_e}, "
             f"{repeats} repeats x {timed} timed steps (medians)",
             "",
@@ -152,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     print(markdown)
     results = {
-        "model": model_name,
+        "model": args.model,
         "config": vars(args) | {"results_dir": str(args.results_dir), "rank_e": rank_e},
         "seconds_per_step": seconds,
         "median_seconds_per_step": step,
@@ -161,15 +155,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "epoch_seconds": epoch,
         "search_over_epoch": search_ratio,
     }
-    write_results(
-        "p10",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
+    write_results("p10", results, markdown, args, began)
     return results
 
 

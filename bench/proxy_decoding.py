@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import base_parser, load_avg, markdown_table, median, parse, write_results
 
 LORA_TARGETS = ["q_proj", "v_proj"]
 DERIVED_SMALL = "smollm2-135m-instruct-l10"
@@ -255,9 +255,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
     parser.add_argument("--prompt-tokens", type=int, default=None, help="default 40 (12 with --smoke)")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 32 (4 with --smoke)")
-    args = parser.parse_args(argv)
-    setup_torch(args.threads)
-    started, start_load = now(), load_avg()
+    args, began = parse(parser, argv)
     large_name = args.large or ("tiny-llama-L4-H64" if args.smoke else "smollm2-135m-instruct")
     small_name, fallback = (args.small, False) if args.small else pick_small(args.smoke)
     repeats = args.repeats or (1 if args.smoke else 3)
@@ -289,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"P5 proxy-tuned decoding, large {large_name}, small {small_name}{small_note}, fp32 CPU "
         f"({args.threads} threads), "
         f"alpha {args.alpha}, prompt {prompt_tokens} tokens, {steps} greedy steps, {repeats} repeats "
-        f"(medians), load {start_load} -> {load_avg()}\n\n"
+        f"(medians), load {began.load} -> {load_avg()}\n\n"
         + table(summary)
         + f"\n\ntargets: {targets}\nexact: {checks}"
     )
@@ -316,16 +314,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for r in runs
         ],
     }
-    path = write_results(
-        "p5",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
-    print(f"wrote {path}")
+    write_results("p5", results, markdown, args, began)
     return results
 
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, setup_torch, write_results
+from bench.common import base_parser, markdown_table, median, parse, write_results
 
 VARIANTS = ("ours", "trainer", "ours_bucketed")
 ABLATION = "ours_full_logits"
@@ -277,24 +277,18 @@ def table(summary: dict[str, dict[str, float]], variants: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P3")
-    parser.add_argument(
-        "--model", default=None, help="default smollm2-135m-instruct (tiny-llama with --smoke)"
-    )
+    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P3", model=True)
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --smoke)")
     parser.add_argument("--timed-steps", type=int, default=None, help="default 6 (2 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--ablation", action="store_true", help=f"also time {ABLATION}")
-    args = parser.parse_args(argv)
-    setup_torch(args.threads)
-    started, start_load = now(), load_avg()
-    model_name = args.model or ("tiny-llama" if args.smoke else "smollm2-135m-instruct")
+    args, began = parse(parser, argv)
     repeats = args.repeats or (1 if args.smoke else 3)
     timed_steps = args.timed_steps or (2 if args.smoke else 6)
     variants = [*VARIANTS, ABLATION] if args.ablation else list(VARIANTS)
 
-    bench = Bench(model_name, args.batch_size * (timed_steps + 1), args.batch_size, args.lr, args.seed)
+    bench = Bench(args.model, args.batch_size * (timed_steps + 1), args.batch_size, args.lr, args.seed)
     runs: list[Run] = []
     for repeat in range(repeats):
         for variant in variants:
@@ -307,12 +301,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             )
     summary = summarise(runs, variants)
     markdown = (
-        f"P3 local LoRA SFT throughput, {model_name} fp32 CPU, batch {args.batch_size}, "
+        f"P3 local LoRA SFT throughput, {args.model} fp32 CPU, batch {args.batch_size}, "
         f"{repeats} repeats x {timed_steps} timed steps (medians)\n\n" + table(summary, variants)
     )
     print(markdown)
     results = {
-        "model": model_name,
+        "model": args.model,
         "config": {
             "batch_size": args.batch_size,
             "lr": args.lr,
@@ -341,16 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for r in runs
         ],
     }
-    path = write_results(
-        "p3",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
-    print(f"wrote {path}")
+    write_results("p3", results, markdown, args, began)
     return results
 
 

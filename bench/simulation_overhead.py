@@ -27,17 +27,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (
+from bench.common import (
     base_parser,
-    load_avg,
     markdown_table,
     median,
-    now,
+    parse,
     peak_rss_mb,
     rss_mb,
-    setup_torch,
     write_results,
 )
 
@@ -133,7 +131,7 @@ def _per_call_ms(fn: Callable[[], object], repeats: int) -> float:
 
 def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats: int) -> dict[str, float]:
     """Milliseconds of each piece of the per-client path, timed alone (context for the totals)."""
-    from fedtune.algorithms.fedit import ADAPTER
+    from fedtune.algorithms.adapters import ADAPTER
     from fedtune.algorithms.local import REPLY_SCALARS
     from fedtune.fl.aggregate import weighted_average
     from fedtune.fl.payload import payload_nbytes
@@ -167,10 +165,7 @@ def breakdown(model: Any, adapter: Mapping[str, Any], num_clients: int, repeats:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P4")
-    parser.add_argument(
-        "--model", default=None, help="default smollm2-135m-instruct (tiny-llama with --smoke)"
-    )
+    parser = base_parser(__doc__.splitlines()[0] if __doc__ else "P4", model=True)
     parser.add_argument("--clients", type=int, default=None, help="clients per round (default 100; 10 smoke)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per side (default 3; 1 smoke)")
     parser.add_argument(
@@ -179,10 +174,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=3,
         help="clients whose full state is kept to measure growth",
     )
-    args = parser.parse_args(argv)
-    setup_torch(args.threads)
-    started, start_load = now(), load_avg()
-    model_name = args.model or ("tiny-llama" if args.smoke else "smollm2-135m-instruct")
+    args, began = parse(parser, argv)
     num_clients = args.clients or (10 if args.smoke else 100)
     rounds = args.rounds or (1 if args.smoke else 3)
 
@@ -199,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         client_data = {f"c{i:03d}": records[8 * i : 8 * i + 8] for i in range(num_clients)}
         sizes = {cid: len(data) for cid, data in client_data.items()}
 
-        resources = Resources(_config(model_name, num_clients, "federated"))
+        resources = Resources(_config(args.model, num_clients, "federated"))
         model, _ = resources.lora_lm()
         adapter = resources.initial_adapter()
         adapter_bytes = sum(int(v.nbytes) for v in adapter.values())
@@ -210,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             # Memory first, while nothing else has grown the heap: personalised adapters.
-            standalone_cfg = _config(model_name, num_clients, "standalone")
+            standalone_cfg = _config(args.model, num_clients, "standalone")
             standalone = Simulation(standalone_cfg, resources, client_data, workdir)
             standalone_seconds = [standalone.round(), standalone.round()]
             gc.collect()
@@ -234,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             gc.collect()
 
             # Timing: the three sides alternate round by round; round 0 of each is warm-up.
-            federated_cfg = _config(model_name, num_clients, "federated")
+            federated_cfg = _config(args.model, num_clients, "federated")
             sides: dict[str, Any] = {
                 "ours": Simulation(federated_cfg, resources, client_data, workdir),
                 "yardstick": FullStateSwap(model, sizes),
@@ -259,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ms = {name: 1000 * median(values) / num_clients for name, values in seconds.items()}
     yard_rss = base_rss + num_clients * per_client_full_mb
     results: dict[str, Any] = {
-        "model": model_name,
+        "model": args.model,
         "config": {"clients_per_round": num_clients, "timed_rounds": rounds, "threads": args.threads},
         "adapter_bytes": adapter_bytes,
         "full_state_bytes": full_state_bytes,
@@ -331,23 +323,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "target",
     ]
     markdown = (
-        f"P4 simulation overhead, {model_name} fp32 CPU, {num_clients} clients per round, "
+        f"P4 simulation overhead, {args.model} fp32 CPU, {num_clients} clients per round, "
         f"{rounds} timed rounds per side (alternating)\n\n"
         + markdown_table(headers, rows)
         + f"\n\nCheckpoint of a standalone round ({num_clients} personal adapters): "
         + f"{checkpoint_seconds:.2f} s"
     )
     print(markdown)
-    path = write_results(
-        "p4",
-        results,
-        markdown,
-        results_dir=args.results_dir,
-        smoke=args.smoke,
-        started=started,
-        start_load=start_load,
-    )
-    print(f"wrote {path}")
+    write_results("p4", results, markdown, args, began)
     return results
 
 

@@ -14,7 +14,7 @@ per cell) and ``fate_style_dtw`` (FATE-LLM's layout: a numpy table filled cell b
 on the way back).
 
     python bench/token_align.py                  # both, real tokenizers (minutes)
-    python bench/token_align.py --only p2        # fedtune bench p2 --only p2
+    python bench/token_align.py --only p2        # the same as: python -m bench p2
     python bench/token_align.py --smoke          # tiny tokenizers, seconds
 """
 
@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import base_parser, load_avg, markdown_table, median, now, write_results
+from bench.common import Start, base_parser, markdown_table, median, write_results
 
 REAL = {
     "smollm2": "smollm2-135m-instruct",
@@ -304,23 +304,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizers, vocab = _strings(names)
     config = vars(args) | {"results_dir": str(args.results_dir), "models": names}
     if args.only in (None, "p1"):
-        started, start_load = now(), load_avg()
+        began = Start()
         rows = run_p1(directions, vocab, args)
         markdown = p1_markdown(rows, args, names)
         print(markdown)
-        write_results(
-            "p1", {"config": config, "directions": rows}, markdown,
-            results_dir=args.results_dir, smoke=args.smoke, started=started, start_load=start_load,
-        )  # fmt: skip
+        write_results("p1", {"config": config, "directions": rows}, markdown, args, began)
     if args.only in (None, "p2"):
-        started, start_load = now(), load_avg()
+        began = Start()
         rows = run_p2(directions[::2], tokenizers, args)
         markdown = p2_markdown(rows, args, names)
         print(markdown)
-        write_results(
-            "p2", {"config": config, "samples": rows}, markdown,
-            results_dir=args.results_dir, smoke=args.smoke, started=started, start_load=start_load,
-        )  # fmt: skip
+        write_results("p2", {"config": config, "samples": rows}, markdown, args, began)
 
 
 if __name__ == "__main__":

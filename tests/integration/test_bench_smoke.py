@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.helpers import ROOT
 
 
 def _load(name: str) -> ModuleType:
-    # bench/ is a folder of scripts, not a package: load each by path, as `fedtune bench` does.
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        # dataclasses resolve annotations through sys.modules, so the module must be registered.
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return importlib.import_module(f"bench.{name}")
 
 
 def _positive(value: object) -> bool:
@@ -167,7 +156,7 @@ def test_p11_smoke_measures_three_client_models(tmp_path: Path) -> None:
 
 
 def test_perfit_memory_smoke_counts_every_clients_state(tmp_path: Path) -> None:
-    config = BENCH.parent / "configs" / "test" / "perfit-tiny.yaml"
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
     _load("perfit_memory").main([str(config), "--clients", "4", "--results-dir", str(tmp_path)])
     results = json.loads((tmp_path / "memory-perfit-tiny.json").read_text())["results"]
     assert results["fit"]["clients_holding"] == 0 and results["perfit"]["clients_holding"] == 4
@@ -178,7 +167,7 @@ def test_perfit_memory_smoke_counts_every_clients_state(tmp_path: Path) -> None:
 
 
 def test_fedpft_distill_smoke_measures_the_error_at_every_checkpoint(tmp_path: Path) -> None:
-    config = BENCH.parent / "configs" / "test" / "fedpft-tiny.yaml"
+    config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
     argv = [str(config), "--steps", "1", "3", "--public", "8", "--held-out", "4", "--lrs", "1e-3"]
     _load("fedpft_distill").main([*argv, "--results-dir", str(tmp_path)])
     results = json.loads((tmp_path / "distill-fedpft-tiny.json").read_text())["results"]
@@ -194,3 +183,55 @@ def test_p12_smoke_scores_the_same_reading_each_prompt_once(tmp_path: Path) -> N
     for result in record["results"].values():
         assert result["max_abs_diff"] < 1e-4 and _positive(result["speedup"])
         assert result["same_acc"] == result["same_acc_norm"] == result["questions"]
+
+
+def test_p1_p2_smoke_writes_both_results(tmp_path: Path) -> None:
+    argv = ["--smoke", "--results-dir", str(tmp_path), "--sample", "20", "--repeats", "1"]
+    _load("token_align").main(argv)
+    p1 = json.loads((tmp_path / "p1.smoke.json").read_text())
+    p2 = json.loads((tmp_path / "p2.smoke.json").read_text())
+    assert all(row["identical"] for row in p1["directions"])
+    assert all(row["identical"] for row in p2["samples"])
+
+
+def test_fedbiot_memory_measures_client_processes_on_flower(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    results_dir = tmp_path / "results"
+    _load("fedbiot_memory").main([str(config), "--variants", "fedbiot_a2", "--results-dir", str(results_dir)])
+    record = json.loads((results_dir / "memory-fedbiot-tiny.json").read_text())
+    results = record["results"]
+    assert set(results) == {"baseline", "fedbiot_a2"}
+    # Every client process reported its own peak RSS, at least what importing the stack costs.
+    measured = results["fedbiot_a2"]
+    assert measured["client_peak_mem_mb"] >= 0.5 * results["baseline"]["client_peak_mem_mb"]
+    assert measured["mb_down"] > 0
+    params = measured["params"]
+    assert 0 < params["client_params"] < params["full_params"]
+    table = (results_dir / "memory-fedbiot-tiny.md").read_text()
+    assert "FedBiOT adapter 2, emulator d=0.2" in table and "no model" in table
+
+
+def test_fedmkt_memory_measures_a_client_process_of_its_own(tmp_path: Path) -> None:
+    fedmkt_memory = _load("fedmkt_memory")
+    config = str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+    slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
+    with pytest.raises(SystemExit, match="unknown variant"):
+        fedmkt_memory.main([config, "--variants", "slm:nope", "--results-dir", str(tmp_path)])
+    fedmkt_memory.main([config, "--variants", f"slm:{slm}", "--results-dir", str(tmp_path)])
+    results = json.loads((tmp_path / "memory-fedmkt-tiny.json").read_text())["results"]
+    assert results[f"slm:{slm}"]["client_peak_mem_mb"] > results["baseline"]["client_peak_mem_mb"] > 0
+    assert f"| FedMKT: {slm} + LoRA |" in (tmp_path / "memory-fedmkt-tiny.md").read_text()
+
+
+def test_memory_benchmarks_measure_the_paper_tables_rows() -> None:
+    """The memory benchmarks name their rows' overrides themselves (bench/ imports nothing from
+    experiments/): they must stay those of the paper tables."""
+    from experiments import fedbiot_table, perfit_table
+
+    fedbiot = _load("fedbiot_memory").VARIANTS
+    for variant, row in (("fedot", "fedot"), ("fedbiot_a2", "fedbiot_a2"), ("fedbiot_a4", "fedbiot_a4")):
+        assert fedbiot[variant] == [*fedbiot_table.METHODS[row], "fedbiot.dropout=0.2"]
+    assert fedbiot["fedbiot_a2_d0.5"] == [*fedbiot_table.METHODS["fedbiot_a2"], "fedbiot.dropout=0.5"]
+    perfit = _load("perfit_memory").VARIANTS
+    assert perfit["fit"] == perfit_table.ROWS["fit"]
+    assert perfit["perfit"][: len(perfit_table.ROWS["perfit_s0.5"])] == perfit_table.ROWS["perfit_s0.5"]

@@ -1,11 +1,11 @@
-"""Smoke test of bench/fedbiot_table.py on the tiny config: runs, resumes nothing twice, tabulates."""
+"""Smoke test of experiments/fedbiot_table.py on the tiny config: runs, resumes nothing twice, tabulates."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench import fedbiot_memory, fedbiot_table
+from experiments import fedbiot_table
 
 from tests.integration.helpers import ROOT
 
@@ -28,20 +28,3 @@ def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> Non
     assert results["offsite-d0.4"]["seeds"] == 1 and "adapfu/rougeL" in results["fedbiot_a2-d0.4"]
     # A second call finds the finished runs and only tabulates.
     fedbiot_table.main([*argv, "--table-only"])
-
-
-def test_memory_bench_measures_client_processes_on_flower(tmp_path: Path) -> None:
-    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
-    results_dir = tmp_path / "results"
-    fedbiot_memory.main([str(config), "--variants", "fedbiot_a2", "--results-dir", str(results_dir)])
-    record = json.loads((results_dir / "memory-fedbiot-tiny.json").read_text())
-    results = record["results"]
-    assert set(results) == {"baseline", "fedbiot_a2"}
-    # Every client process reported its own peak RSS, at least what importing the stack costs.
-    measured = results["fedbiot_a2"]
-    assert measured["client_peak_mem_mb"] >= 0.5 * results["baseline"]["client_peak_mem_mb"]
-    assert measured["mb_down"] > 0
-    params = measured["params"]
-    assert 0 < params["client_params"] < params["full_params"]
-    table = (results_dir / "memory-fedbiot-tiny.md").read_text()
-    assert "FedBiOT adapter 2, emulator d=0.2" in table and "no model" in table

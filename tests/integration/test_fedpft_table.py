@@ -1,11 +1,11 @@
-"""Smoke test of bench/fedpft_table.py on the tiny config: runs three rows, tabulates the ordering."""
+"""Smoke test of experiments/fedpft_table.py on the tiny config: runs three rows, tabulates the ordering."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench import fedpft_table
+from experiments import fedpft_table
 
 from tests.integration.helpers import ROOT
 

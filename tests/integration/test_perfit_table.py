@@ -1,4 +1,4 @@
-"""Smoke test of bench/perfit_table.py on the tiny config: runs two rows, tabulates, plots the masks."""
+"""Smoke test of experiments/perfit_table.py on the tiny config: runs two rows, tabulates, plots the masks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench import perfit_table
+from experiments import perfit_table
 
 from tests.integration.helpers import ROOT
 

@@ -1,16 +1,12 @@
-"""``fedtune align vocab`` / ``show`` on tiny tokenizers, and the P1/P2 benchmark at smoke size."""
+"""``fedtune align vocab`` / ``show`` on tiny tokenizers."""
 
 from __future__ import annotations
 
-import json
-import runpy
-import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
-from fedtune.cli import BENCHMARK_SCRIPTS, app
+from fedtune.cli import app
 
 runner = CliRunner()
 
@@ -41,17 +37,3 @@ def test_align_with_an_unknown_model_fails_cleanly() -> None:
 
     assert result.exit_code == 2
     assert "valid suffixes" in result.output
-
-
-def test_bench_p1_p2_smoke_writes_both_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert BENCHMARK_SCRIPTS["p1"] == BENCHMARK_SCRIPTS["p2"] == "token_align"
-    script = Path(__file__).resolve().parents[2] / "bench" / "token_align.py"
-    argv = [str(script), "--smoke", "--results-dir", str(tmp_path), "--sample", "20", "--repeats", "1"]
-    monkeypatch.setattr(sys, "argv", argv)
-
-    runpy.run_path(str(script), run_name="__main__")
-
-    p1 = json.loads((tmp_path / "p1.smoke.json").read_text())
-    p2 = json.loads((tmp_path / "p2.smoke.json").read_text())
-    assert all(row["identical"] for row in p1["directions"])
-    assert all(row["identical"] for row in p2["samples"])

@@ -1,7 +1,7 @@
 """FedPT's Table 1 at small scale: the five methods of the paper on one config, side by side.
 
-    python bench/fedpt_table.py configs/paper/fedpt-smollm2.yaml            # run what is missing, tabulate
-    python bench/fedpt_table.py configs/paper/fedpt-smollm2.yaml --table-only
+    python experiments/fedpt_table.py configs/paper/fedpt-smollm2.yaml  # run what is missing, tabulate
+    python experiments/fedpt_table.py configs/paper/fedpt-smollm2.yaml --table-only
 
 Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``):
 - ``fedavg_small``: FedIT on the small model (``algorithm=fedit fedpt=null``);
@@ -9,8 +9,8 @@ Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``
   evaluated before training too: its round 0 is **Base (large)**;
 - ``fedavg_pt``: FedPT without the distillation step (``fedpt.distill=false``);
 - ``fedpt``: FedPT.
-Every run is a subprocess (``python -m fedtune run``), so a crash or an out-of-memory kill loses only
-that method; rerunning resumes unfinished runs and skips finished ones.
+Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
+an out-of-memory kill loses only that method; rerunning resumes unfinished runs and skips finished ones.
 
 Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
 3 steps at batch 1 (the paper's "VRAM to train one sample") on real client examples, and read the
@@ -31,7 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_RESULTS_DIR, now, setup_torch, write_table
+from bench.common import now, setup_torch
+
+from experiments import sweep
 
 METHODS: dict[str, list[str]] = {
     "fedavg_small": ["algorithm=fedit", "fedpt=null"],
@@ -52,27 +54,6 @@ def method_overrides(method: str, cfg: Any) -> list[str]:
     return [item.format(large=cfg.fedpt.large_model) for item in METHODS[method]]
 
 
-def run_method(config: Path, method: str, run_dir: Path, extra: list[str]) -> None:
-    cfg = _load(config, extra)
-    if (run_dir / "artifacts" / "meta.json").is_file():
-        print(f"[{method}] finished earlier: {run_dir}", flush=True)
-        return
-    resume = (run_dir / "checkpoints").is_dir()
-    command = [sys.executable, "-m", "fedtune"]
-    if resume:
-        command += ["resume", str(run_dir)]
-    else:
-        command += ["run", str(config), *method_overrides(method, cfg), *extra, "-o", str(run_dir)]
-    print(f"[{method}] {' '.join(command)}", flush=True)
-    subprocess.run(command, check=True)
-
-
-def _load(config: Path, extra: list[str]) -> Any:
-    from fedtune.config import load_config
-
-    return load_config(config, extra)
-
-
 def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, float]:
     """Peak RSS of one client training ``model`` (subprocess running ``--client-memory``)."""
     command = [
@@ -90,6 +71,7 @@ def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, floa
 
 def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict[str, float]:
     setup_torch(2)
+    from fedtune.config import load_config
     from fedtune.data.rundata import prepare_data
     from fedtune.data.tokenize import encode_records, make_batches
     from fedtune.models.loading import load_causal_lm
@@ -97,7 +79,7 @@ def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict
     from fedtune.train.loop import peak_rss_mb, train_local
     from fedtune.train.optim import build_optimizer
 
-    cfg = _load(config, extra)
+    cfg = load_config(config, extra)
     records = next(iter(prepare_data(cfg).clients.values()))[:8]
     before = peak_rss_mb()
     model, tokenizer = load_causal_lm(model_name, dtype=cfg.model.dtype, seed=cfg.seed)
@@ -117,25 +99,13 @@ def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict
     }
 
 
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def final_eval(rows: list[dict[str, Any]]) -> dict[str, float]:
-    evaluated = [row for row in rows if row.get("round", 0) > 0 and row.get("eval")]
-    return evaluated[-1]["eval"] if evaluated else {}
-
-
 def total_mb(rows: list[dict[str, Any]]) -> float:
     return sum(row.get("bytes_up", 0) + row.get("bytes_down", 0) for row in rows) / 2**20
 
 
 def _fmt(metrics: dict[str, float], key: str) -> str:
-    if key not in metrics:
-        return "-"
-    std = metrics.get(f"{key}_std")
-    return f"{metrics[key]:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+    """The run's mean over its sampling seeds, ± their std where the run has one."""
+    return sweep.plus_minus(metrics[key], metrics.get(f"{key}_std"), 4) if key in metrics else "-"
 
 
 def test_sets(cfg: Any) -> list[tuple[str, str]]:
@@ -145,17 +115,18 @@ def test_sets(cfg: Any) -> list[tuple[str, str]]:
 
 
 def tabulate(cfg: Any, runs: dict[str, Path], memory: dict[str, dict[str, float]]) -> dict[str, Any]:
-    rows = {method: read_rows(path) for method, path in runs.items()}
+    rows = {method: sweep.finished_rows(path) for method, path in runs.items()}
     results: dict[str, dict[str, Any]] = {}
     large_rows = rows.get("fedavg_large", [])
     if large_rows and large_rows[0].get("eval"):
         results["base_large"] = {"eval": large_rows[0]["eval"], "client_model": "-", "total_mb": 0.0}
     for method, method_rows in rows.items():
-        if not final_eval(method_rows):
+        final = sweep.last_evaluated(method_rows)
+        if final is None:
             continue
         client_model = cfg.fedpt.large_model if method == "fedavg_large" else cfg.model.name
         results[method] = {
-            "eval": final_eval(method_rows),
+            "eval": final["eval"],
             "client_model": client_model,
             "total_mb": total_mb(method_rows),
             "rounds": max(row["round"] for row in method_rows),
@@ -226,48 +197,38 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
                 continue
             gap = score[b] - score[a]
             noise = math.hypot(std.get(a, 0.0), std.get(b, 0.0))
-            if relation == "~":
-                holds = abs(gap) <= max(noise, 0.01) * 2
-            elif relation == "<":
-                holds = gap > 0
+            if relation == "<":
+                verdict = sweep.verdict([score[a], score[b]])
             else:
-                holds = gap >= -noise
-            parts.append(
-                f"{LABELS[a]} {relation} {LABELS[b]}: {'holds' if holds else 'does not hold'} ({gap:+.4f})"
-            )
+                holds = abs(gap) <= max(noise, 0.01) * 2 if relation == "~" else gap >= -noise
+                verdict = "holds" if holds else "does not hold"
+            parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f})")
         notes.append(f"- {label}: " + "; ".join(parts))
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+def main(argv: list[str] | None = None) -> None:
+    parser = sweep.table_parser(__doc__, seeds=False, jobs=False)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
     parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
-    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
     parser.add_argument("--client-memory", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.client_memory:
         print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
         return
-    cfg = _load(args.config, args.set)
+    cfg = sweep.load_config(args)
     runs = {method: args.runs_dir / cfg.name / method for method in args.methods}
     if not args.table_only:
-        for method, run_dir in runs.items():
-            run_method(args.config, method, run_dir, args.set)
+        overrides = {run_dir: [*method_overrides(m, cfg), *args.set] for m, run_dir in runs.items()}
+        sweep.run_all(args.config, overrides, threads=None)
     memory: dict[str, dict[str, float]] = {}
     if not args.no_memory:
         for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):
             memory[model] = measure_client(model, args.config, args.set)
     results = tabulate(cfg, runs, memory)
-    command = "python bench/fedpt_table.py " + " ".join(sys.argv[1:])
+    command = sweep.command_line(__file__, argv)
     text = markdown(cfg, results, command)
-    write_table(args.results_dir / f"table-{cfg.name}", text, cfg.name, command, results)
+    sweep.write_table(args.results_dir / f"table-{cfg.name}", text, cfg.name, command, results)
 
 
 if __name__ == "__main__":

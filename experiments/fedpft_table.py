@@ -1,10 +1,10 @@
 """FedPFT's comparison at small scale: FedOT, FedPFT, FedPETuning and the two ablations, side by side.
 
-    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --jobs 2             # run what is missing
-    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --datasets lexclass wic --seeds 0 1 2
-    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --partitions iid dir1 dir5 dir10
-    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --set model.name=smollm2-135m  # a decoder
-    python bench/fedpft_table.py configs/paper/fedpft-minilm.yaml --table-only
+    python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --jobs 2  # run what is missing
+    python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --datasets lexclass wic --seeds 0 1 2
+    python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --partitions iid dir1 dir5 dir10
+    python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --set model.name=smollm2-135m
+    python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --table-only
 
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<partition>-s<seed>``):
 ``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
@@ -29,16 +29,12 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, panel_grid, sibling, table_parser, write_table
-from bench.perfit_table import _finished, read_rows, run_one
+from experiments import sweep
 
 ROWS: dict[str, list[str]] = {
     "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
@@ -87,25 +83,19 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
     finals: dict[str, dict[str, Any]] = {}
     for run_dir in run_dirs:
-        rows = read_rows(run_dir)
-        if not rows or not _finished(run_dir, rows):
-            continue
-        evaluated = [r for r in rows if "accuracy" in r.get("eval", {})]
-        if evaluated:
-            finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]["eval"]
+        final = sweep.last_evaluated(sweep.finished_rows(run_dir), "accuracy")
+        if final is not None:
+            finals[sweep.seed_of(run_dir)] = final["eval"]
     out: dict[str, Any] = {"seeds": len(finals)}
     if not finals:
         return out
     for key in ("accuracy", "macro_f1", "sub/accuracy"):
-        values = {seed: 100 * metrics[key] for seed, metrics in finals.items()}
-        out[key] = float(np.mean(list(values.values())))
-        out[f"{key}_std"] = float(np.std(list(values.values())))
-        out[f"{key}_by_seed"] = values
+        out |= sweep.over_seeds(key, {seed: 100 * metrics[key] for seed, metrics in finals.items()})
     out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
-    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] in finals)
-    rounds = [r for r in read_rows(done) if r.get("round", 0) > 0]
-    out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rounds])) / 1e6
-    out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rounds])) / 1e6
+    done = next(d for d in run_dirs if sweep.seed_of(d) in finals)
+    rounds = sweep.trained_rows(sweep.read_rows(done))
+    out["mb_up_per_round"] = sweep.per_round_mb(rounds, "bytes_up")
+    out["mb_down_per_round"] = sweep.per_round_mb(rounds, "bytes_down")
     out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
     info = done / "artifacts" / "fedpft.json"
     if info.is_file():
@@ -121,13 +111,6 @@ def one_class_on_two(accuracy: float, macro_f1: float) -> bool:
     return 0 < accuracy < 1 and abs(macro_f1 - accuracy / (1 + accuracy)) < 1e-9
 
 
-def _cell(result: dict[str, Any], key: str) -> str:
-    if key not in result:
-        return "-"
-    text = f"{result[key]:.1f}"
-    return text + (f" ± {result[key + '_std']:.1f}" if result["seeds"] > 1 else "")
-
-
 def _compare(
     results: dict[str, dict[str, Any]], low: str, high: str, suffix: str, strict: bool
 ) -> str | None:
@@ -136,14 +119,13 @@ def _compare(
         return None
     if a["constant"] and b["constant"]:
         return f"- {suffix}: {LABELS[low]} vs {LABELS[high]}: not informative, both predict one class"
-    holds = a["accuracy"] < b["accuracy"] if strict else a["accuracy"] <= b["accuracy"]
-    seeds = sorted(set(a["accuracy_by_seed"]) & set(b["accuracy_by_seed"]))
-    wins = sum(a["accuracy_by_seed"][s] < b["accuracy_by_seed"][s] for s in seeds)
+    verdict = sweep.verdict([a["accuracy"], b["accuracy"]], strict)
+    wins, seeds = sweep.seeds_holding([a["accuracy_by_seed"], b["accuracy_by_seed"]])
     sign = "<" if strict else "<="
     digits = 1 if f"{a['accuracy']:.1f}" != f"{b['accuracy']:.1f}" else 2  # show what decided it
     return (
-        f"- {suffix}: {LABELS[low]} {sign} {LABELS[high]}: {'holds' if holds else 'does not hold'} "
-        f"({a['accuracy']:.{digits}f} vs {b['accuracy']:.{digits}f}; lower in {wins} of {len(seeds)} seeds)"
+        f"- {suffix}: {LABELS[low]} {sign} {LABELS[high]}: {verdict} "
+        f"({a['accuracy']:.{digits}f} vs {b['accuracy']:.{digits}f}; lower in {wins} of {seeds} seeds)"
     )
 
 
@@ -174,9 +156,9 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
                 LABELS[row],
                 dataset,
                 part,
-                _cell(result, "accuracy") + (" (one class)" if result["constant"] else ""),
-                _cell(result, "macro_f1"),
-                _cell(result, "sub/accuracy"),
+                sweep.cell(result["accuracy_by_seed"], 1) + (" (one class)" if result["constant"] else ""),
+                sweep.cell(result["macro_f1_by_seed"], 1),
+                sweep.cell(result["sub/accuracy_by_seed"], 1),
                 _params(result),
                 f"{result['peak_rss_mb']:.0f}",
                 f"{result['mb_down_per_round']:.1f}",
@@ -203,7 +185,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
             "",
             f"`{command}`",
             "",
-            markdown_table(headers, rows),
+            sweep.markdown_table(headers, rows),
             "",
             *(
                 [
@@ -242,7 +224,7 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
     if not panels:
         return None
-    figure, axes, first = panel_grid(len(panels), 4.2, 3.4)
+    figure, axes, first = sweep.panel_grid(len(panels), 4.2, 3.4)
     series = (
         ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
         ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
@@ -250,28 +232,16 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     for ax, suffix in zip(axes, panels, strict=True):
         methods = [m for m in LABELS if shown(m, suffix)]
         for key, shift, colour, marker, label in series:
-            rows = [results[f"{m}-{suffix}"] for m in methods]
+            columns = [results[f"{m}-{suffix}"].get(f"{key}_by_seed", {}).values() for m in methods]
             xs = [i + shift for i in range(len(methods))]
-            ax.errorbar(
-                xs,
-                [r.get(key, np.nan) for r in rows],
-                yerr=[r.get(f"{key}_std", 0.0) for r in rows],
-                fmt=marker,
-                color=colour,
-                capsize=4,
-                markersize=7,
-                label=label,
-            )
-            for x, r in zip(xs, rows, strict=True):
-                seeds = list(r.get(f"{key}_by_seed", {}).values())
-                ax.scatter([x + 0.05] * len(seeds), seeds, s=10, color=colour, alpha=0.45, zorder=3)
+            sweep.seed_markers(ax, xs, columns, colour=colour, marker=marker, label=label)
         ax.set_xticks(range(len(methods)), [SHORT[m] for m in methods], fontsize=7.5)
         ax.set_xlim(-0.5, len(methods) - 0.5)
         seeds = max(results[f"{m}-{suffix}"]["seeds"] for m in methods)
         one_class = all(results[f"{m}-{suffix}"]["constant"] for m in methods)
         dataset, part = suffix.split("-")
         ax.set_title(
-            f"{dataset}, {part} ({seeds} seed{'s' if seeds != 1 else ''})"
+            f"{dataset}, {part} ({sweep.seeds_text(seeds)})"
             + (": every model predicts one class" if one_class else ""),
             fontsize=9,
         )
@@ -282,44 +252,38 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
     figure.suptitle(title, fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    return path
+    return sweep.save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = table_parser(__doc__)
+    parser = sweep.table_parser(__doc__)
     default_rows = [row for row in ROWS if row not in ON_DEMAND]
     parser.add_argument("--rows", nargs="+", default=default_rows, choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
     parser.add_argument("--partitions", nargs="+", default=["iid"], choices=list(PARTITIONS))
     args = parser.parse_args(argv)
-    from fedtune.config import load_config
-
-    cfg = load_config(args.config, args.set)
+    cfg = sweep.load_config(args)
     base = args.runs_dir / cfg.name
-    command = "python bench/fedpft_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = sweep.command_line(__file__, argv)
     suffixes = [f"{data}-{part}" for data in args.datasets for part in args.partitions]
     dirs = {
-        f"{row}-{suffix}": [base / f"{row}-{suffix}-s{seed}" for seed in args.seeds]
+        f"{row}-{suffix}": sweep.seed_dirs(base, f"{row}-{suffix}", args.seeds)
         for suffix in suffixes
         for row in args.rows
     }
     if not args.table_only:
-        jobs = []
+        runs = {}
         for seed_index, seed in enumerate(args.seeds):  # every row of a seed before the next seed
             for suffix in suffixes:
                 data, part = suffix.split("-")
                 for row in args.rows:
                     overrides = [*ROWS[row], *DATASETS[data], *PARTITIONS[part], f"seed={seed}", *args.set]
-                    jobs.append((args.config, overrides, dirs[f"{row}-{suffix}"][seed_index]))
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for future in [pool.submit(run_one, *job) for job in jobs]:
-                future.result()
+                    runs[dirs[f"{row}-{suffix}"][seed_index]] = overrides
+        sweep.run_all(args.config, runs, jobs=args.jobs)
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
-    write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
-    plot(cfg, results, suffixes, sibling(stem, ".png"))
+    sweep.write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
+    plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """PerFIT's Tables 1-3 at small scale: FIT vs PerFIT in personalised perplexity, side by side.
 
-    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --jobs 2           # run what is missing
-    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --partitions pathological dirichlet
-    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --rows fit perfit_s0.5 --seeds 0 1 2
-    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --table-only
-    python bench/perfit_table.py configs/paper/perfit-smollm2.yaml --seeds 0 1 2 --keep-earlier  # runs lost
+    python experiments/perfit_table.py configs/paper/perfit-smollm2.yaml --jobs 2        # run what is missing
+    python experiments/perfit_table.py configs/paper/perfit-smollm2.yaml --partitions pathological dirichlet
+    python experiments/perfit_table.py configs/paper/perfit-smollm2.yaml --rows fit perfit_s0.5 --seeds 0 1 2
+    python experiments/perfit_table.py configs/paper/perfit-smollm2.yaml --table-only
+    python experiments/perfit_table.py configs/paper/perfit-smollm2.yaml --seeds 0 1 2 --keep-earlier
 
 Partitions (``--partitions``): ``pathological``, ``dirichlet`` (alpha 0.5) and ``iid`` (random equal
 shards, the paper's domain sets: ``configs/paper/perfit-smollm2-arith.yaml``).
@@ -33,11 +33,8 @@ resumes unfinished runs and skips finished ones.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import carried_seeds, earlier_results, markdown_table, sibling, table_parser, write_table
+from experiments import sweep
 
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
@@ -78,36 +75,6 @@ METRIC = "personal/perplexity"
 ROUGE = "personal/rougeL"  # in runs whose eval.metrics hold rougeL (greedy answers to held-out prompts)
 
 
-def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
-    rows = read_rows(run_dir)
-    if rows and (run_dir / "checkpoints").is_dir() and _finished(run_dir, rows):
-        print(f"finished earlier: {run_dir}", flush=True)
-        return
-    command = [sys.executable, "-m", "fedtune"]
-    if (run_dir / "checkpoints").is_dir():
-        command += ["resume", str(run_dir)]
-    else:
-        command += ["run", str(config), *overrides, "progress=false", "-o", str(run_dir)]
-    print(" ".join(command), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log = run_dir.parent / f"{run_dir.name}.log"  # not with_suffix: "s0.33" would be cut
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as handle:
-        subprocess.run(command, check=True, env=env, stdout=handle, stderr=subprocess.STDOUT)
-
-
-def _finished(run_dir: Path, rows: list[dict[str, Any]]) -> bool:
-    import yaml
-
-    rounds = yaml.safe_load((run_dir / "config.yaml").read_text())["fed"]["rounds"]
-    return rows[-1].get("round") == rounds
-
-
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
 def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """Final personalised perplexity over seeds; per-client values and traffic of the smallest seed.
 
@@ -116,15 +83,13 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     """
     finals = {}
     for run_dir in run_dirs:
-        rows = read_rows(run_dir)
-        if not rows or not _finished(run_dir, rows):
-            continue  # an unfinished run (still going, or stopped) is not a seed of the table
-        evaluated = [r for r in rows if METRIC in r.get("eval", {})]
-        if evaluated and evaluated[-1]["round"] > 0:
-            finals[run_dir.name.rsplit("-s", 1)[-1]] = evaluated[-1]
+        # an unfinished run (still going, or stopped) is not a seed of the table
+        final = sweep.last_evaluated(sweep.finished_rows(run_dir), METRIC)
+        if final is not None:
+            finals[sweep.seed_of(run_dir)] = final
     earlier = earlier or {}
-    wanted = [d.name.rsplit("-s", 1)[-1] for d in run_dirs]
-    carried = carried_seeds(earlier, METRIC, wanted, finals)
+    wanted = [sweep.seed_of(d) for d in run_dirs]
+    carried = sweep.carried_seeds(earlier, METRIC, wanted, finals)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
     if not out["seeds"]:
         return out
@@ -132,12 +97,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
         before = earlier.get(f"{key}_by_seed", {})
         values.update({seed: before[seed] for seed in carried if seed in before})
-        if not values:
-            continue
-        values = {seed: values[seed] for seed in sorted(values, key=int)}
-        out[key] = float(np.mean(list(values.values())))
-        out[f"{key}_std"] = float(np.std(list(values.values())))
-        out[f"{key}_by_seed"] = values
+        out |= sweep.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
@@ -148,12 +108,12 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     first_seed = min(finals, key=int)  # as above: the row's facts are those of its smallest seed
     first = finals[first_seed]
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
-    done = next(d for d in run_dirs if d.name.rsplit("-s", 1)[-1] == first_seed)
-    every = read_rows(done)
-    rows = [r for r in every if r.get("round", 0) > 0]
-    out["mb_up_per_round"] = float(np.mean([r["bytes_up"] for r in rows])) / 1e6
-    out["mb_down_per_round"] = float(np.mean([r["bytes_down"] for r in rows])) / 1e6
-    start = [r for r in every if r.get("round") == 0 and METRIC in r.get("eval", {})]
+    done = next(d for d in run_dirs if sweep.seed_of(d) == first_seed)
+    every = sweep.read_rows(done)
+    rows = sweep.trained_rows(every)
+    out["mb_up_per_round"] = sweep.per_round_mb(rows, "bytes_up")
+    out["mb_down_per_round"] = sweep.per_round_mb(rows, "bytes_down")
+    start = [r for r in every if r["round"] == 0 and METRIC in r.get("eval", {})]
     if start:
         out["before"] = start[0]["eval"][METRIC]
         out["by_client_before"] = {c: m["perplexity"] for c, m in start[0].get("eval_by_client", {}).items()}
@@ -202,18 +162,15 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
             f"{part}: personalised perplexity by the number of rounds a client was sampled (each row's first "
             "seed; a client never sampled keeps the base model in the personal rows):",
             "",
-            markdown_table(["rounds sampled", "clients", "base", *labels], table),
+            sweep.markdown_table(["rounds sampled", "clients", "base", *labels], table),
         ]
     return lines
 
 
 def _cell(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
-    if key not in result:
-        return "-"
-    text = f"{scale * result[key]:.2f}"
-    seeds = len(result[f"{key}_by_seed"])
-    text += f" ± {scale * result[key + '_std']:.2f}" if seeds > 1 else ""
-    return text + (f" ({seeds} of {result['seeds']} seeds)" if seeds < result["seeds"] else "")
+    by_seed = result.get(f"{key}_by_seed", {})
+    note = f" ({len(by_seed)} of {result['seeds']} seeds)" if 0 < len(by_seed) < result["seeds"] else ""
+    return sweep.cell(by_seed, 2, scale) + note
 
 
 def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[str]:
@@ -224,12 +181,11 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
             other = results.get(f"{row}-{part}", {})
             if row == "fit" or METRIC not in fit or METRIC not in other:
                 continue
-            seeds = sorted(set(fit[f"{METRIC}_by_seed"]) & set(other[f"{METRIC}_by_seed"]))
-            wins = sum(other[f"{METRIC}_by_seed"][s] < fit[f"{METRIC}_by_seed"][s] for s in seeds)
-            verdict = "holds" if other[METRIC] < fit[METRIC] else "does not hold"
+            wins, seeds = sweep.seeds_holding([other[f"{METRIC}_by_seed"], fit[f"{METRIC}_by_seed"]])
+            verdict = sweep.verdict([other[METRIC], fit[METRIC]])
             lines.append(
                 f"- {part}, {LABELS[row]} < FIT: {verdict} on the mean "
-                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {wins} of {len(seeds)} seeds"
+                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {wins} of {seeds} seeds"
             )
     return lines
 
@@ -273,7 +229,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             f"`{command}`",
             "",
-            markdown_table(headers, rows),
+            sweep.markdown_table(headers, rows),
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),
@@ -358,8 +314,7 @@ def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
     )
     figure.colorbar(image, ax=right)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    sweep.save_figure(figure, path, dpi=110)
     plt.close(figure)
     return {
         "share": share.tolist(),
@@ -417,45 +372,31 @@ def _shapes(run_dir: Path) -> dict[str, tuple[int, ...]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = table_parser(__doc__)
+    parser = sweep.table_parser(__doc__, keep_earlier=True)
     parser.add_argument(
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
-    parser.add_argument(
-        "--keep-earlier",
-        action="store_true",
-        help="a seed whose run is not in --runs-dir keeps the value the table's previous results file"
-        " recorded (for runs made on another machine); the table names every seed so kept",
-    )
     args = parser.parse_args(argv)
-    from fedtune.config import load_config
-
-    cfg = load_config(args.config, args.set)
+    cfg = sweep.load_config(args)
     base = args.runs_dir / cfg.name
-    command = "python bench/perfit_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    dirs = {
-        f"{row}-{part}": [base / f"{row}-{part}-s{seed}" for seed in args.seeds]
-        for part in args.partitions
-        for row in args.rows
-    }
+    command = sweep.command_line(__file__, argv)
+    keys = [(row, part) for part in args.partitions for row in args.rows]
+    dirs = {f"{row}-{part}": sweep.seed_dirs(base, f"{row}-{part}", args.seeds) for row, part in keys}
     if not args.table_only:
-        jobs = [
-            (args.config, [*ROWS[row], *PARTITIONS[part], f"seed={seed}", *args.set], run_dir)
-            for part in args.partitions
-            for row in args.rows
+        runs = {
+            run_dir: [*ROWS[row], *PARTITIONS[part], f"seed={seed}", *args.set]
+            for row, part in keys
             for seed, run_dir in zip(args.seeds, dirs[f"{row}-{part}"], strict=True)
-        ]
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for future in [pool.submit(run_one, *job) for job in jobs]:
-                future.result()
+        }
+        sweep.run_all(args.config, runs, jobs=args.jobs)
     stem = args.results_dir / f"table-{cfg.name}"
-    earlier = earlier_results(stem) if args.keep_earlier else {}
+    earlier = sweep.earlier_results(stem) if args.keep_earlier else {}
     results = {key: summarise(paths, earlier.get(key)) for key, paths in dirs.items()}
     perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
-    finished = [p for p in perfit_runs if (rows := read_rows(p)) and _finished(p, rows)]
+    finished = [p for p in perfit_runs if sweep.finished_rows(p)]
     if finished:  # a run still going may hold no masks yet
-        results["masks"] = mask_plot(finished[0], sibling(stem, "-masks.png"))
+        results["masks"] = mask_plot(finished[0], sweep.sibling(stem, "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
     rows = {key: result for key, result in results.items() if key != "masks"}
@@ -466,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
             *overlap_lines(results.get("masks", {})),
         ]
     )
-    write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """FedMKT's Tables 2-4 at small scale: the LLM and every SLM under each setting and baseline.
 
-    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --jobs 2                    # heterogeneous
-    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --settings homo one --seeds 0 1 2
-    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets wic defchoice instruct
-    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --table-only
-    python bench/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets instruct \
+    python experiments/fedmkt_table.py configs/paper/fedmkt-wic.yaml --jobs 2  # heterogeneous
+    python experiments/fedmkt_table.py configs/paper/fedmkt-wic.yaml --settings homo one --seeds 0 1 2
+    python experiments/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets wic defchoice instruct
+    python experiments/fedmkt_table.py configs/paper/fedmkt-wic.yaml --table-only
+    python experiments/fedmkt_table.py configs/paper/fedmkt-wic.yaml --datasets instruct \
         --set name=fedmkt-wic-llm1.5b --set model.name=qwen2.5-coder-1.5b-instruct  # another LLM
 
 Settings (``--settings``): ``hetero`` (the config's ``fedmkt.clients``: different SLMs and tokenizer
@@ -34,7 +34,6 @@ table's previous ``.json`` (cell by cell; runs here win), and the table names ev
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import earlier_results, markdown_table, panel_grid, sibling, table_parser, write_table
-from bench.perfit_table import _finished, read_rows, run_one
+from experiments import sweep
 
 DATASETS: dict[str, list[str]] = {
     "wic": ["data.dataset=wordnet-wic"],
@@ -122,9 +120,9 @@ def slms(cfg: Any, setting: str) -> list[str]:
 
 def holders(cfg: Any, setting: str, run_dir: Path) -> dict[str, list[str]]:
     """SLM name -> the clients of a FedMKT run that hold it."""
-    import yaml
+    from fedtune.report.io import read_config
 
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved = read_config(run_dir)
     names = saved["fedmkt"]["clients"]
     count = saved["data"]["partition"]["num_clients"]
     out: dict[str, list[str]] = {}
@@ -135,32 +133,27 @@ def holders(cfg: Any, setting: str, run_dir: Path) -> dict[str, list[str]]:
 
 def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) -> dict[str, float] | None:
     """The LLM's and each SLM's score in a finished run, at round ``rnd`` (None: the last evaluated)."""
-    rows = read_rows(run_dir)
-    if not rows or not _finished(run_dir, rows):
+    rows = sweep.finished_rows(run_dir)
+    evaluated = [r for r in rows if r["round"] == rnd and metric in r.get("eval", {})]
+    row = sweep.last_evaluated(rows, metric) if rnd is None else (evaluated or [None])[-1]
+    if row is None:
         return None
-    evaluated = [r for r in rows if metric in r.get("eval", {}) and (rnd is None or r["round"] == rnd)]
-    if not evaluated:
-        return None
-    row = evaluated[-1]
     out = {"llm": row["eval"][metric]}
     by_client = row.get("eval_by_client", {})
     for name, clients in holders(cfg, setting, run_dir).items():
         values = [by_client[c][metric] for c in clients if c in by_client]
         if values:
             out[name] = float(np.mean(values))
-    trained = [r for r in rows if r.get("round", 0) > 0]
-    out["mb_up"] = float(np.mean([r["bytes_up"] for r in trained])) / 1e6
-    out["mb_down"] = float(np.mean([r["bytes_down"] for r in trained])) / 1e6
+    trained = sweep.trained_rows(rows)
+    out["mb_up"] = sweep.per_round_mb(trained, "bytes_up")
+    out["mb_down"] = sweep.per_round_mb(trained, "bytes_down")
     out["client_peak_mb"] = max(float(r.get("client_peak_mem_mb", 0.0)) for r in trained)
     return out
 
 
 def fedit_score(run_dir: Path, metric: str) -> float | None:
-    rows = read_rows(run_dir)
-    if not rows or not _finished(run_dir, rows):
-        return None
-    evaluated = [r for r in rows if metric in r.get("eval", {})]
-    return float(evaluated[-1]["eval"][metric]) if evaluated else None
+    row = sweep.last_evaluated(sweep.finished_rows(run_dir), metric)
+    return None if row is None else float(row["eval"][metric])
 
 
 def collect(
@@ -210,58 +203,43 @@ def keep_earlier(table: dict[str, Any], earlier: dict[str, Any], seeds: list[int
     return {row: sorted(found, key=int) for row, found in carried.items()}
 
 
-def cell(by_seed: dict[str, float] | None, scale: float = 100.0) -> str:
-    if not by_seed:
-        return "-"
-    values = list(by_seed.values())
-    text = f"{scale * np.mean(values):.1f}"
-    return text + (f" ± {scale * np.std(values):.1f}" if len(values) > 1 else "")
-
-
 def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     """The paper's orderings on the means, and on each seed that has every row involved."""
 
-    def mean(row: str, key: str) -> float | None:
-        values = table.get(row, {}).get(key)
-        # rounded: equal means of fractions must compare equal whatever order float summed them in
-        return round(float(np.mean(list(values.values()))), 12) if values else None
+    def column(row: str, key: str) -> dict[str, float]:
+        return dict(table.get(row, {}).get(key, {}))
 
-    def per_seed(rows: list[str], key: str) -> list[list[float]]:
-        columns = [table.get(row, {}).get(key, {}) for row in rows]
-        common = sorted(set.intersection(*(set(c) for c in columns)), key=int)
-        return [[c[seed] for c in columns] for seed in common]
+    def mean(values: dict[str, float]) -> float:
+        return float(np.mean(list(values.values())))
 
-    def seeds_note(values: list[list[float]], holds: Any) -> str:
-        if len(values) < 2:
-            return ""
-        return f", in {sum(bool(holds(*v)) for v in values)} of {len(values)} seeds"
+    def seeds_note(columns: list[dict[str, float]]) -> str:
+        wins, seeds = sweep.seeds_holding(columns)
+        return f", in {wins} of {seeds} seeds" if seeds > 1 else ""
 
     lines = []
     for name in names:
-        zero, alone, mkt = mean("zeroshot", name), mean("standalone", name), mean("fedmkt", name)
-        if zero is not None and alone is not None and mkt is not None:
-            rising = lambda a, b, c: a < b < c  # noqa: E731
+        columns = [column(row, name) for row in ("zeroshot", "standalone", "fedmkt")]
+        if all(columns):
+            zero, alone, mkt = map(mean, columns)
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
-                f"{100 * mkt:.1f}: **{'holds' if rising(zero, alone, mkt) else 'does not hold'}**"
-                + seeds_note(per_seed(["zeroshot", "standalone", "fedmkt"], name), rising)
+                f"{100 * mkt:.1f}: **{sweep.verdict([zero, alone, mkt])}**" + seeds_note(columns)
             )
-    zero, mkt = mean("zeroshot", "llm"), mean("fedmkt", "llm")
-    if zero is not None and mkt is not None:
-        above = lambda a, b: a < b  # noqa: E731
+    columns = [column("zeroshot", "llm"), column("fedmkt", "llm")]
+    if all(columns):
+        zero, mkt = map(mean, columns)
         # the shared centralized runs may have seeds this setting's runs lack: compare on common seeds
-        both = per_seed(["fedmkt", "centralized"], "llm")
+        fedmkt, central = columns[1], column("centralized", "llm")
+        both = sweep.common_seeds([fedmkt, central])
         against = ""
         if both:
-            central = float(np.mean([c for _, c in both]))
-            gap = float(np.mean([m - c for m, c in both]))
+            gap = float(np.mean([fedmkt[seed] - central[seed] for seed in both]))
             same = "seed" if len(both) == 1 else f"{len(both)} seeds"
-            against = f" (Centralized {100 * central:.1f} on the same {same}, "
+            against = f" (Centralized {100 * mean({s: central[s] for s in both}):.1f} on the same {same}, "
             against += f"FedMKT - Centralized {100 * gap:+.1f})"
         lines.append(
             f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}: "
-            f"**{'holds' if above(zero, mkt) else 'does not hold'}**"
-            + seeds_note(per_seed(["zeroshot", "fedmkt"], "llm"), above)
+            f"**{sweep.verdict([zero, mkt])}**" + seeds_note(columns)
         )
     return lines
 
@@ -314,8 +292,8 @@ def markdown(
                 rows.append(
                     [
                         label,
-                        cell(values.get("llm")),
-                        *(cell(values.get(n)) for n in names),
+                        sweep.cell(values.get("llm"), 1, 100.0),
+                        *(sweep.cell(values.get(n), 1, 100.0) for n in names),
                         traffic,
                         memory,
                         seeds_done,
@@ -324,7 +302,7 @@ def markdown(
             parts += [
                 f"## {dataset}, {setting} ({data_metric})",
                 "",
-                markdown_table(
+                sweep.markdown_table(
                     ["", "LLM", *names, "MB up / down per round", "sim. peak RSS MB", "seeds"], rows
                 ),
                 "",
@@ -349,7 +327,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     panels = [key for key in results if key != "carried"]
     if not panels:
         return None
-    figure, axes, first = panel_grid(len(panels), 4.6, 3.4, margin=0.8)
+    figure, axes, first = sweep.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
     markers = ["o", "s", "^", "D", "v"]
@@ -359,63 +337,48 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         shown = [m for m in models if any(m in table[row] for row in rows)]
         for index, model in enumerate(shown):
             shift = (index - (len(shown) - 1) / 2) * 0.16
-            xs, means, stds, dots = [], [], [], []
-            for x, row in enumerate(rows):
-                values = list(table[row].get(model, {}).values())
-                if values:
-                    xs.append(x + shift)
-                    means.append(100 * np.mean(values))
-                    stds.append(100 * np.std(values))
-                    dots += [(x + shift + 0.04, 100 * v) for v in values]
-            label = "LLM" if model == "llm" else model
-            colour, marker = colours[index % len(colours)], markers[index % len(markers)]
-            ax.errorbar(xs, means, yerr=stds, fmt=marker, color=colour, capsize=4, markersize=7, label=label)
-            if dots:
-                ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
+            columns = [[100 * v for v in table[row].get(model, {}).values()] for row in rows]
+            sweep.seed_markers(
+                ax,
+                [x + shift for x in range(len(rows))],
+                columns,
+                colour=colours[index % len(colours)],
+                marker=markers[index % len(markers)],
+                label="LLM" if model == "llm" else model,
+            )
         ax.set_xticks(range(len(rows)), [LABELS[row] for row in rows], fontsize=7.5)
         ax.set_xlim(-0.5, len(rows) - 0.5)
         counts = sorted({len(v) for row in rows for v in table[row].values()})
         # the shared centralized rows may have more seeds than the setting's own
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         dataset, setting = key.rsplit("-", 1)
-        ax.set_title(f"{dataset}, {setting} ({seeds} seed{'s' if seeds != '1' else ''})", fontsize=9)
+        ax.set_title(f"{dataset}, {setting} ({sweep.seeds_text(seeds)})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, frameon=False)
     for ax in first:
         ax.set_ylabel("score x 100 (acc or Rouge-L)")
     figure.suptitle(f"{cfg.name}: mean ± std over seeds; faint dots: each seed", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    return path
+    return sweep.save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = table_parser(__doc__.splitlines()[0])
+    parser = sweep.table_parser(__doc__.splitlines()[0], keep_earlier=True)
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
     parser.add_argument("--datasets", nargs="+", default=["wic"], choices=list(DATASETS))
-    parser.add_argument(
-        "--keep-earlier",
-        action="store_true",
-        help="a seed asked for whose run is not in --runs-dir keeps the value of the table's previous "
-        "results file (named under the table)",
-    )
     args = parser.parse_args(argv)
-    from fedtune.config import load_config
-
-    cfg = load_config(args.config, args.set)
+    cfg = sweep.load_config(args)
     root = args.runs_dir / cfg.name
     stem = args.results_dir / f"table-{cfg.name}"
-    earlier = earlier_results(stem) if args.keep_earlier else None
+    earlier = sweep.earlier_results(stem) if args.keep_earlier else None
     if not args.table_only:
         jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_one, args.config, o, root / name) for name, o in jobs.items()]
-            for future in futures:
-                future.result()
-    command = "python bench/fedmkt_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        sweep.run_all(
+            args.config, {root / name: overrides for name, overrides in jobs.items()}, jobs=args.jobs
+        )
+    command = sweep.command_line(__file__, argv)
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
-    write_table(stem, text, str(args.config), command, results)
-    figure = plot(cfg, results, sibling(stem, ".png"))
+    sweep.write_table(stem, text, str(args.config), command, results)
+    figure = plot(cfg, results, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
 

@@ -1,0 +1,1 @@
+"""fedtune's performance benchmarks: ``bench/ids.py`` names them, ``python -m bench ID`` runs one."""

@@ -1,0 +1,317 @@
+"""What every paper-table script shares: run a config with overrides into a run directory, read what
+the finished runs wrote, aggregate over seeds, format the cells, check the paper's orderings, plot and
+write the table. A table script keeps only its rows (name -> config overrides) and its layout.
+
+- Runs: ``python -m fedtune run <config> <overrides> -o <run dir>`` in a subprocess of its own (a crash
+  or an out-of-memory kill loses one run), its output appended to ``<run dir>.log``; a run with
+  checkpoints is resumed, a finished one is skipped. ``--jobs`` runs at once, one thread each.
+- Run directories: ``--runs-dir/<config name>/<row ...>-s<seed>``, the seed after the last ``-s``.
+- A run counts once it has finished: its last metrics row is the config's last round. Metrics are read
+  through ``fedtune.report.io.read_metrics`` (a round re-run after a resume counts once).
+- Over seeds: a value ``key`` of a row is ``key`` (the mean), ``key_std`` (the population std) and
+  ``key_by_seed``; a cell is ``mean ± std`` (the mean alone for one seed, ``-`` for none).
+- Orderings compare means rounded to 12 decimals, so that means of the same fractions summed in
+  another order compare equal: "holds", "does not hold", or "tie" where every mean is the same (a tie
+  is never "holds").
+- Tables: ``<results dir>/table-<config name>.{md,json}`` (``bench.common.write_table``), plots beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import command_line, markdown_table, sibling, write_table
+
+__all__ = [
+    "RESULTS_DIR",
+    "carried_seeds",
+    "cell",
+    "command_line",
+    "common_seeds",
+    "earlier_results",
+    "finished_rows",
+    "last_evaluated",
+    "load_config",
+    "markdown_table",
+    "mean_std",
+    "over_seeds",
+    "panel_grid",
+    "per_round_mb",
+    "plus_minus",
+    "read_rows",
+    "rises",
+    "run",
+    "run_all",
+    "save_figure",
+    "seed_dirs",
+    "seed_markers",
+    "seed_of",
+    "seeds_holding",
+    "seeds_text",
+    "sibling",
+    "table_parser",
+    "trained_rows",
+    "verdict",
+    "write_table",
+]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+Row = dict[str, Any]
+
+
+# ---------------------------------------------------------------- command line
+def table_parser(
+    description: str | None, *, seeds: bool = True, jobs: bool = True, keep_earlier: bool = False
+) -> argparse.ArgumentParser:
+    """The options every table script shares; the script adds its rows and settings."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    if seeds:
+        parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    if jobs:
+        parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
+    parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
+    parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    if keep_earlier:
+        parser.add_argument(
+            "--keep-earlier",
+            action="store_true",
+            help="a seed asked for whose run is not in --runs-dir keeps the value the table's previous "
+            "results file recorded (runs made on another machine); the table names every seed so kept",
+        )
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> Any:
+    """The table's config with ``--set`` applied (its name names the runs directory and the table)."""
+    from fedtune.config import load_config as load
+
+    return load(args.config, args.set)
+
+
+# ---------------------------------------------------------------- running
+def run(config: Path, overrides: Sequence[str], run_dir: Path, *, threads: int | None = 1) -> None:
+    """Run ``config`` with ``overrides`` into ``run_dir`` (resume it if it has checkpoints, skip it if
+    it has finished); ``threads``: OpenMP/MKL threads of the run (None: the default)."""
+    if finished_rows(run_dir):
+        print(f"finished earlier: {run_dir}", flush=True)
+        return
+    command = [sys.executable, "-m", "fedtune"]
+    if (run_dir / "checkpoints").is_dir():
+        command += ["resume", str(run_dir)]
+    else:
+        command += ["run", str(config), *overrides, "progress=false", "-o", str(run_dir)]
+    log = sibling(run_dir, ".log")  # not with_suffix: "s0.33" would be cut
+    print(f"{' '.join(command)}  (log: {log})", flush=True)
+    env = dict(os.environ)
+    if threads is not None:
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        code = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"{run_dir}: fedtune exited with {code}; see {log}")
+
+
+def run_all(
+    config: Path, runs: Mapping[Path, Sequence[str]], *, jobs: int = 1, threads: int | None = 1
+) -> None:
+    """``run`` every run directory -> overrides of ``runs``, ``jobs`` at a time, in the order given."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run, config, o, d, threads=threads) for d, o in runs.items()]
+        for future in futures:
+            future.result()
+
+
+def seed_dirs(base: Path, key: str, seeds: Iterable[int]) -> list[Path]:
+    return [base / f"{key}-s{seed}" for seed in seeds]
+
+
+def seed_of(run_dir: Path) -> str:
+    return run_dir.name.rsplit("-s", 1)[-1]
+
+
+# ---------------------------------------------------------------- reading
+def read_rows(run_dir: Path) -> list[Row]:
+    """The run's metrics rows, one per round (``read_metrics``); none for a run that has not written one."""
+    from fedtune.report.io import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file() or b"\n" not in path.read_bytes():  # nothing yet, or a first line cut off
+        return []
+    return read_metrics(run_dir)
+
+
+def finished_rows(run_dir: Path) -> list[Row]:
+    """The metrics rows of a finished run (its last row is the config's last round); [] otherwise."""
+    from fedtune.report.io import config_value, read_config
+
+    rows = read_rows(run_dir)
+    if rows and rows[-1]["round"] == config_value(read_config(run_dir), "fed.rounds"):
+        return rows
+    return []
+
+
+def trained_rows(rows: Iterable[Row]) -> list[Row]:
+    return [row for row in rows if row["round"] > 0]
+
+
+def last_evaluated(rows: Iterable[Row], metric: str | None = None) -> Row | None:
+    """The last row after training began whose evaluation has ``metric`` (any evaluation: None)."""
+    evaluated = [r for r in trained_rows(rows) if r.get("eval") and (metric is None or metric in r["eval"])]
+    return evaluated[-1] if evaluated else None
+
+
+def per_round_mb(rows: Iterable[Row], key: str, unit: float = 1e6) -> float:
+    """The mean of ``key`` (bytes) over the trained rounds, in units of ``unit`` bytes."""
+    return float(np.mean([row[key] for row in trained_rows(rows)])) / unit
+
+
+# ---------------------------------------------------------------- over seeds
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    data = list(values)
+    return float(np.mean(data)), float(np.std(data))
+
+
+def over_seeds(key: str, by_seed: Mapping[str, float]) -> dict[str, Any]:
+    """``{key: mean, key_std: std, key_by_seed: {seed: value}}`` (seeds in numeric order); {} for none."""
+    if not by_seed:
+        return {}
+    ordered = {seed: float(by_seed[seed]) for seed in sorted(by_seed, key=int)}
+    mean, std = mean_std(ordered.values())
+    return {key: mean, f"{key}_std": std, f"{key}_by_seed": ordered}
+
+
+def plus_minus(mean: float, std: float | None = None, digits: int = 2) -> str:
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def cell(values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0) -> str:
+    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale``; the mean alone for one value,
+    ``-`` for none."""
+    data = list(values.values() if isinstance(values, Mapping) else values or [])
+    if not data:
+        return "-"
+    mean, std = mean_std(scale * value for value in data)
+    return plus_minus(mean, std if len(data) > 1 else None, digits)
+
+
+def seeds_text(count: int | str) -> str:
+    return f"{count} seed{'' if str(count) == '1' else 's'}"
+
+
+def earlier_results(stem: Path) -> dict[str, Any]:
+    """The per-row results of a table's previous write (``<stem>.json``), or {} when there is none."""
+    path = sibling(stem, ".json")
+    if not path.is_file():
+        return {}
+    try:
+        results = json.loads(path.read_text())["results"]
+    except (ValueError, KeyError, TypeError) as error:
+        message = f"{path}: not a table's results file ({error}); move it away or drop --keep-earlier"
+        raise SystemExit(message) from error
+    return results if isinstance(results, dict) else {}
+
+
+def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:
+    """The seeds asked for that have no finished run here but a value of ``key`` in ``earlier``."""
+    have = set(done)
+    return [seed for seed in wanted if seed not in have and seed in earlier.get(f"{key}_by_seed", {})]
+
+
+# ---------------------------------------------------------------- orderings
+def _rounded(values: Iterable[float]) -> list[float]:
+    # equal means of fractions must compare equal whatever order float summed them in
+    return [round(float(value), 12) for value in values]
+
+
+def rises(values: Sequence[float], strict: bool = True) -> bool:
+    """Whether ``values`` rise from first to last (``<``, or ``<=`` with ``strict=False``), rounded."""
+    pairs = itertools.pairwise(_rounded(values))
+    return all(a < b for a, b in pairs) if strict else all(a <= b for a, b in pairs)
+
+
+def verdict(means: Sequence[float], strict: bool = True) -> str:
+    """Whether the paper's ordering, ``means`` rising, holds: "tie" when every rounded mean is the same
+    (for ``<`` and ``<=`` alike: nothing separates the rows), else "holds" or "does not hold"."""
+    if len(set(_rounded(means))) == 1:
+        return "tie"
+    return "holds" if rises(means, strict) else "does not hold"
+
+
+def common_seeds(columns: Sequence[Mapping[str, float]]) -> list[str]:
+    """The seeds every column (seed -> value) has, in numeric order."""
+    if not columns:
+        return []
+    return sorted(set(columns[0]).intersection(*columns[1:]), key=int)
+
+
+def seeds_holding(columns: Sequence[Mapping[str, float]], strict: bool = True) -> tuple[int, int]:
+    """Of the seeds every column has: in how many the values rise from the first column to the last,
+    and how many there are."""
+    seeds = common_seeds(columns)
+    return sum(rises([column[seed] for column in columns], strict) for seed in seeds), len(seeds)
+
+
+# ---------------------------------------------------------------- plots
+def panel_grid(
+    count: int, width: float, height: float, margin: float = 0.6
+) -> tuple[Any, list[Any], list[Any]]:
+    """A figure of ``count`` panels of ``width`` x ``height`` inches, three at most a line (``margin``:
+    inches for the title and legend): the figure, its panels in order, the first panel of each line."""
+    from matplotlib.figure import Figure
+
+    cols = min(3, count)
+    lines = -(-count // cols)
+    figure = Figure(figsize=(1.0 + width * cols, margin + height * lines), layout="constrained")
+    grid = figure.subplots(lines, cols, squeeze=False)
+    axes = [ax for line in grid for ax in line]
+    for spare in axes[count:]:
+        spare.set_visible(False)
+    return figure, axes[:count], [line[0] for line in grid]
+
+
+def seed_markers(
+    ax: Any, xs: Sequence[float], columns: Sequence[Iterable[float]], *, colour: str, marker: str, label: str
+) -> None:
+    """At each x, the mean ± std of its values as a marker with whiskers and each value (seed) as a faint
+    dot beside it: differences of a few points, which bars would hide. An x without values is left out."""
+    shown = [(x, list(values)) for x, values in zip(xs, columns, strict=True)]
+    shown = [(x, values) for x, values in shown if values]
+    stats = [mean_std(values) for _, values in shown]
+    ax.errorbar(
+        [x for x, _ in shown],
+        [mean for mean, _ in stats],
+        yerr=[std for _, std in stats],
+        fmt=marker,
+        color=colour,
+        capsize=4,
+        markersize=7,
+        label=label,
+    )
+    dots = [(x + 0.05, value) for x, values in shown for value in values]
+    if dots:
+        ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
+
+
+def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
+    return path

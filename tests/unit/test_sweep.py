@@ -1,0 +1,84 @@
+"""experiments/sweep.py: what every paper table shares: cells, the tie rule, reading runs, earlier results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from experiments import sweep
+
+
+def _run(path: Path, rows: list[dict[str, object]], rounds: int = 2, tail: str = "") -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"fed:\n  rounds: {rounds}\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows) + tail)
+    return path
+
+
+def test_a_cell_is_mean_plus_minus_std_over_seeds_the_mean_alone_for_one() -> None:
+    assert sweep.cell({"0": 12.0, "1": 10.0}) == "11.00 ± 1.00"
+    assert sweep.cell([0.5, 0.7], digits=1, scale=100.0) == "60.0 ± 10.0"
+    assert sweep.cell({"0": 0.5}, 1, 100.0) == "50.0"
+    assert sweep.cell({}) == sweep.cell(None) == "-"
+    assert sweep.over_seeds("acc", {"10": 1.0, "2": 3.0}) == {
+        "acc": 2.0,
+        "acc_std": 1.0,
+        "acc_by_seed": {"2": 3.0, "10": 1.0},
+    }
+    assert list(sweep.over_seeds("acc", {"10": 1.0, "2": 3.0})["acc_by_seed"]) == ["2", "10"]
+    assert sweep.over_seeds("acc", {}) == {}
+
+
+def test_equal_means_are_a_tie_not_holds_whatever_the_float_order_of_summing() -> None:
+    zero = sum([38 / 96, 33 / 96, 35 / 96]) / 3
+    tuned = sum([37 / 96, 32 / 96, 37 / 96]) / 3
+    assert zero != tuned  # the same 106 / 288, summed in another order
+    assert sweep.verdict([zero, tuned]) == "tie"
+    assert sweep.verdict([zero, tuned], strict=False) == "tie"
+    assert sweep.verdict([0.4, 0.5, 0.6]) == "holds"
+    assert sweep.verdict([0.4, 0.5, 0.5]) == "does not hold"
+    assert sweep.verdict([0.4, 0.5, 0.5], strict=False) == "holds"
+    assert sweep.verdict([0.5, 0.4]) == "does not hold"
+
+
+def test_seeds_are_compared_on_the_seeds_every_column_has() -> None:
+    low = {"0": 1.0, "1": 3.0, "2": 1.0}
+    high = {"0": 2.0, "1": 2.0, "7": 9.0}
+    assert sweep.common_seeds([low, high]) == ["0", "1"]
+    assert sweep.seeds_holding([low, high]) == (1, 2)
+    assert sweep.seeds_holding([low, {"0": 1.0}]) == (0, 1)
+    assert sweep.seeds_holding([low, {"0": 1.0}], strict=False) == (1, 1)
+
+
+def test_runs_are_read_through_read_metrics_and_count_once_finished(tmp_path: Path) -> None:
+    rows = [{"round": 0}, {"round": 1, "bytes_up": 1e6}, {"round": 2, "bytes_up": 2e6, "eval": {"acc": 0.5}}]
+    # a resumed run re-appends round 2; a killed write leaves a cut-off last line
+    finished = _run(tmp_path / "fit-s0", [*rows, {**rows[2], "bytes_up": 4e6}], tail='{"round": 3')
+    assert [row["round"] for row in sweep.finished_rows(finished)] == [0, 1, 2]
+    assert sweep.per_round_mb(sweep.read_rows(finished), "bytes_up") == 2.5
+    assert sweep.last_evaluated(sweep.read_rows(finished), "acc") == {**rows[2], "bytes_up": 4e6}
+    assert sweep.last_evaluated(sweep.read_rows(finished), "f1") is None
+    unfinished = _run(tmp_path / "fit-s1", rows[:2])
+    assert sweep.read_rows(unfinished) and sweep.finished_rows(unfinished) == []
+    assert sweep.read_rows(_run(tmp_path / "fit-s2", [], tail='{"round": 0')) == []
+    assert sweep.read_rows(tmp_path / "none") == [] == sweep.finished_rows(tmp_path / "none")
+    assert [sweep.seed_of(d) for d in sweep.seed_dirs(tmp_path, "perfit_s0.33-iid", [0, 12])] == ["0", "12"]
+
+
+def test_a_finished_run_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _run(tmp_path / "fit-s0", [{"round": 0}, {"round": 1}], rounds=1)
+    sweep.run(tmp_path / "no-such-config.yaml", [], run_dir)
+    assert capsys.readouterr().out == f"finished earlier: {run_dir}\n"
+
+
+def test_earlier_results_are_a_tables_previous_rows(tmp_path: Path) -> None:
+    stem = tmp_path / "table-fedmkt-wic-llm1.5b"
+    assert sweep.earlier_results(stem) == {}
+    sweep.write_table(stem, "# table", "config.yaml", "python experiments/x.py", {"row": {"llm": {"0": 0.5}}})
+    assert sweep.earlier_results(stem) == {"row": {"llm": {"0": 0.5}}}
+    earlier = {"acc_by_seed": {"0": 1.0, "1": 2.0, "7": 3.0}}
+    assert sweep.carried_seeds(earlier, "acc", ["0", "1", "2"], ["1"]) == ["0"]
+    sweep.sibling(stem, ".json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"llm1\.5b\.json: not a table's results file"):
+        sweep.earlier_results(stem)
