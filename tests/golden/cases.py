@@ -27,6 +27,8 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedavgm": ("fedavgm", ()),
     "fedmkt": ("fedmkt", ()),
     "perfit": ("perfit", ()),
+    # The earlier reading, kept as an ablation: clients resume from their own values, alpha = lora.alpha.
+    "perfit-own": ("perfit", ("perfit.start=own", "perfit.alpha=lora")),
     "fedpft": ("fedpft", ()),
     "fedot": ("fedpft", ("fedpft.submodel=layerdrop",)),
     "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),

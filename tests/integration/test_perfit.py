@@ -7,7 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from fedtune.algorithms.base import derive_seed
 from fedtune.algorithms.perfit import MASK, VALUES, kept_count
+from fedtune.algorithms.perfit.maths import symmetric_init, update_global
+from fedtune.config import ConfigError
 from fedtune.fl.aggregate import gather_masked, masked_average, scatter_masked, unpack_mask
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload, arrays, payload_nbytes
@@ -66,7 +69,8 @@ def test_masks_hold_each_clients_budget_and_differ(tmp_path: Path) -> None:
 
 
 def test_the_update_is_the_masked_mean_times_each_receivers_mask(tmp_path: Path) -> None:
-    cfg = tiny_config("perfit", "fed.rounds=2")
+    # The ablation perfit.start=own: each trained client receives Alg. 3's mean at its own entries.
+    cfg = tiny_config("perfit", "fed.rounds=2", "perfit.start=own")
     _, seen = tapped(cfg, tmp_path / "run")
     masks = masks_of(seen, shapes_of(cfg))
     for rnd in (1, 2):
@@ -85,8 +89,8 @@ def test_the_update_is_the_masked_mean_times_each_receivers_mask(tmp_path: Path)
                 np.testing.assert_array_equal(value, expected[key])
 
 
-def test_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
-    cfg = tiny_config("perfit", "fed.rounds=3", "fed.clients_per_round=2")
+def test_with_own_starts_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=3", "fed.clients_per_round=2", "perfit.start=own")
     history, seen = tapped(cfg, tmp_path / "run")
     assert any(len(row["clients"]) == 2 for row in history[1:])
     last_update: dict[str, Payload] = {}
@@ -98,7 +102,7 @@ def test_unsampled_clients_keep_their_modules(tmp_path: Path) -> None:
 
 def test_without_aggregation_every_client_keeps_what_it_trained(tmp_path: Path) -> None:
     # The ablation perfit.aggregate=false: no update goes down, each client's values are its own upload.
-    cfg = tiny_config("perfit", "fed.rounds=2", "perfit.aggregate=false")
+    cfg = tiny_config("perfit", "fed.rounds=2", "perfit.start=own", "perfit.aggregate=false")
     _, seen = tapped(cfg, tmp_path / "run")
     assert not [t for d, _, t, _, _ in seen if d == "down" and t == "update"]
     last_upload = {c: p for d, c, t, _, p in seen if d == "up" and t == "fit"}
@@ -112,7 +116,7 @@ def test_only_masked_values_go_up_and_the_mask_only_once(tmp_path: Path) -> None
     shapes = shapes_of(cfg)
     kept = kept_count(shapes, cfg.lora.r)
     searches = [p for d, _, t, _, p in seen if d == "up" and t == "search"]
-    assert len(searches) == 4  # once per client, in its first round
+    assert len(searches) == 4  # once per client, before round 1
     mask_bytes = sum((int(np.prod(s)) + 7) // 8 for s in shapes.values())
     assert all(sum(v.nbytes for v in arrays(p, MASK).values()) == mask_bytes for p in searches)
     fits = [p for d, _, t, _, p in seen if d == "up" and t == "fit"]
@@ -133,3 +137,61 @@ def test_clients_prune_one_common_initial_lora(tmp_path: Path) -> None:
     both = masks["c00"][key] & masks["c01"][key]
     assert both.any()
     np.testing.assert_allclose(dense["c00"][key][both], dense["c01"][key][both], rtol=1e-5, atol=1e-8)
+
+
+def test_every_client_searches_before_round_1_with_the_global_module(tmp_path: Path) -> None:
+    cfg = tiny_config("perfit", "fed.rounds=2", "fed.clients_per_round=1", "eval.before=false")
+    own = tiny_config(
+        "perfit", "fed.rounds=2", "fed.clients_per_round=1", "eval.before=false", "perfit.start=own"
+    )
+
+    _, seen = tapped(cfg, tmp_path / "global")
+    _, seen_own = tapped(own, tmp_path / "own")
+
+    searched = sorted(c for d, c, t, r, _ in seen if d == "up" and t == "search" and r == 1)
+    assert searched == ["c00", "c01", "c02", "c03"]
+    assert not [c for d, c, t, r, _ in seen if t == "search" and r > 1]
+    # The ablation searches lazily: only the clients sampled so far.
+    assert len({c for d, c, t, _, _ in seen_own if d == "up" and t == "search"}) <= 2
+
+
+def test_a_sampled_client_starts_from_the_global_module_at_its_mask(tmp_path: Path) -> None:
+    # Prepare: 3 rounds, 2 of 4 clients a round, so entries no trained client holds must keep G's value.
+    cfg = tiny_config("perfit", "fed.rounds=3", "fed.clients_per_round=2", "eval.before=false")
+    shapes = shapes_of(cfg)
+
+    # Execute
+    history, seen = tapped(cfg, tmp_path / "run")
+
+    # Assert: replay the server's G from the shared init and the uploads, round by round.
+    masks = masks_of(seen, shapes)
+    module = symmetric_init(shapes, derive_seed(cfg.seed, "perfit-init"))
+    for rnd in (1, 2, 3):
+        sent = {c: arrays(p, VALUES) for d, c, t, r, p in seen if d == "down" and t == "fit" and r == rnd}
+        uploads = {c: p for d, c, t, r, p in seen if d == "up" and t == "fit" and r == rnd}
+        assert sorted(sent) == sorted(history[rnd]["clients"]) and len(sent) == 2
+        for client, values in sent.items():
+            expected = gather_masked(module, masks[client])
+            for key in shapes:
+                np.testing.assert_array_equal(values[key], expected[key])
+        clients = sorted(uploads)
+        states = [scatter_masked(arrays(uploads[c], VALUES), masks[c]) for c in clients]
+        weights = [int(uploads[c]["num_examples"]) for c in clients]
+        module = update_global(module, states, [masks[c] for c in clients], weights)
+    path = latest_checkpoint(tmp_path / "run")
+    assert path is not None
+    saved = load_checkpoint(path)["algorithm"]["global_module"]
+    for key in shapes:
+        np.testing.assert_array_equal(saved[key], module[key])
+    # Every client is scored on G at its mask; the round's trained clients also right after training.
+    assert {"personal/perplexity", "personal_after_fit/perplexity"} <= set(history[3]["eval"])
+    assert sorted(history[3]["eval_by_client"]) == ["c00", "c01", "c02", "c03"]
+
+
+def test_the_no_aggregation_ablation_needs_own_starts() -> None:
+    try:
+        tiny_config("perfit", "perfit.aggregate=false")
+    except ConfigError as error:
+        assert "perfit.start: own" in str(error)
+    else:
+        raise AssertionError("perfit.aggregate=false with perfit.start=global was accepted")

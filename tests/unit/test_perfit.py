@@ -15,6 +15,7 @@ from fedtune.algorithms.perfit import (
     symmetric_init,
     top_entries,
 )
+from fedtune.algorithms.perfit.maths import update_global
 
 
 def test_expanded_rank_as_in_the_paper() -> None:
@@ -67,3 +68,18 @@ def test_symmetric_init_is_n_0_1_over_d_for_a_and_b() -> None:
     assert init["x.lora_A.weight"].std() == pytest.approx(1 / 16, rel=0.05)
     assert init["x.lora_B.weight"].std() == pytest.approx(1 / 16, rel=0.05)  # d = the layer's input width
     assert np.array_equal(symmetric_init(shapes, seed=0)["x.lora_B.weight"], init["x.lora_B.weight"])
+
+
+def test_the_global_module_takes_the_weighted_mean_where_held_and_keeps_the_rest() -> None:
+    # Prepare: G of 4 entries; client a holds entries 0 and 1, client b entries 1 and 2, entry 3 no one.
+    module = {"m": np.array([10.0, 20.0, 30.0, 40.0], dtype=np.float32)}
+    states = [{"m": np.array([1.0, 2.0, 0.0, 0.0], dtype=np.float32)}, {"m": np.array([0.0, 6.0, 3.0, 0.0])}]
+    masks = [{"m": np.array([1, 1, 0, 0], dtype=bool)}, {"m": np.array([0, 1, 1, 0], dtype=bool)}]
+
+    # Execute: weights 1 and 3
+    updated = update_global(module, states, masks, [1, 3])
+
+    # Assert
+    np.testing.assert_allclose(updated["m"], [1.0, (2.0 + 3 * 6.0) / 4, 3.0, 40.0])
+    assert updated["m"].dtype == np.float32
+    np.testing.assert_array_equal(module["m"], [10.0, 20.0, 30.0, 40.0])  # the input is left as it was

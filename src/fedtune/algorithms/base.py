@@ -125,17 +125,19 @@ class Algorithm(ABC, Generic[SectionT]):
     def evaluate_clients(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
         """Client-side evaluation: every client evaluates its own model on its own held-out split and
         replies with its metrics and held-out size; the server averages them (plain and weighted)."""
+        return personal_results(self.personal_replies(rnd, fed))
+
+    def personal_replies(self, rnd: int, fed: Federation) -> dict[str, Payload]:
+        """Every client's reply to ``evaluate_personal`` (its metrics and held-out size)."""
         clients = fed.client_ids()
         spec = ReplySpec(scalars={EVAL_EXAMPLES: int, "round": int})
-        replies = fed.call(
+        return fed.call(
             clients,
             PERSONAL_EVAL,
             self.personal_messages(rnd, clients),
             timeout=self.cfg.fed.client_timeout,
             expect=spec,
         )
-        results = {cid: payload_result(reply) for cid, reply in replies.items()}
-        return client_results(results, {cid: int(reply[EVAL_EXAMPLES]) for cid, reply in replies.items()})
 
     # ----- the final model: what `fedtune eval` / `generate` load from a finished run ---------------
     final_variants: ClassVar[tuple[str, ...]] = ()
@@ -186,6 +188,14 @@ class Algorithm(ABC, Generic[SectionT]):
         needed = min(self.cfg.fed.min_replies, len(sampled))
         if len(replies) < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
+
+
+def personal_results(replies: Mapping[str, Payload], prefix: str = "personal/") -> EvalResult:
+    """The clients' ``evaluate_personal`` replies averaged: ``<prefix><metric>`` plain and weighted by
+    each client's held-out size."""
+    results = {cid: payload_result(reply) for cid, reply in replies.items()}
+    sizes = {cid: int(reply[EVAL_EXAMPLES]) for cid, reply in replies.items()}
+    return client_results(results, sizes, prefix)
 
 
 def missing_replies_message(got: int, sampled: list[str], needed: int, traffic: Traffic | None) -> str:

@@ -79,16 +79,17 @@ def build_lora(
     *,
     seed: int,
     rank: int | None = None,
+    alpha: int | None = None,
     target_modules: Sequence[str] | str | None = None,
     task_type: str | None = "CAUSAL_LM",
 ) -> PeftModel:
     """The one way a method puts LoRA on a model: the run's ``lora:`` section (rank, alpha, dropout,
-    targets), with a method's own ``rank`` (e.g. an expanded rank) or resolved ``target_modules`` (e.g.
-    a regex over some layers only) where it needs one."""
+    targets), with a method's own ``rank`` and ``alpha`` (e.g. an expanded rank at scaling 1) or resolved
+    ``target_modules`` (e.g. a regex over some layers only) where it needs one."""
     return attach_lora(
         model,
         r=lora.r if rank is None else rank,
-        alpha=lora.alpha,
+        alpha=lora.alpha if alpha is None else alpha,
         dropout=lora.dropout,
         target_modules=target_modules if target_modules is not None else lora_targets(model, lora),
         seed=seed,

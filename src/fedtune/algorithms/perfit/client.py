@@ -15,9 +15,10 @@ from fedtune.algorithms.base import derive_seed, evaluate_model, personal_reply
 from fedtune.algorithms.local import fit_scalars, train_selected
 from fedtune.algorithms.perfit.config import PerFITConfig
 from fedtune.algorithms.perfit.maths import expanded_rank, kept_count, search_masks, symmetric_init
-from fedtune.algorithms.perfit.wire import VALUES, mask_payload, values_payload
+from fedtune.algorithms.perfit.wire import AFTER_FIT, VALUES, mask_payload, values_payload
 from fedtune.config import ExperimentConfig
 from fedtune.data.tokenize import make_batches
+from fedtune.eval.evaluate import result_payload
 from fedtune.fl.aggregate import gather_masked, pack_mask, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload, arrays
@@ -31,13 +32,21 @@ def search_rank(cfg: ExperimentConfig) -> int:
     return section.expanded_rank or expanded_rank(cfg.lora.r, section.sparsity)
 
 
+def lora_alpha(cfg: ExperimentConfig) -> int:
+    """LoRA alpha of the expanded module (``perfit.alpha``): r_e (scaling 1), ``lora.alpha`` or a number."""
+    alpha = cfg.section("perfit").alpha
+    if alpha == "rank":
+        return search_rank(cfg)
+    return cfg.lora.alpha if alpha == "lora" else int(alpha)
+
+
 def lora_model(cfg: ExperimentConfig, resources: Resources) -> tuple[Any, Any]:
     """The base LM with one rank-r_e LoRA (``lora:`` otherwise), shared by the clients of a process:
     each task loads its own client's values into it."""
 
     def build() -> tuple[Any, Any]:
         model, tokenizer = resources.model(model_spec(cfg.model, cfg.seed))
-        return build_lora(model, cfg.lora, seed=0, rank=search_rank(cfg)), tokenizer
+        return build_lora(model, cfg.lora, seed=0, rank=search_rank(cfg), alpha=lora_alpha(cfg)), tokenizer
 
     pair: tuple[Any, Any] = resources.get("perfit/lora", build)
     return pair
@@ -82,17 +91,31 @@ def search(ctx: ClientContext, msg: Payload) -> Payload:
         importance=section.importance,
     )
     ctx.state["mask"] = {key: pack_mask(mask) for key, mask in masks.items()}
-    ctx.state["values"] = gather_masked(weights, masks)
+    if section.start == "own":  # with the global module the server holds the values
+        ctx.state["values"] = gather_masked(weights, masks)
     reply = mask_payload(masks)
     reply["num_examples"] = len(ctx.data)
     return reply
 
 
+def _masked_values(msg: Payload, masks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``values/<key>`` of ``msg``: exactly one value per entry of this client's mask."""
+    values = arrays(msg, VALUES)
+    for key, mask in masks.items():
+        if key not in values or values[key].shape != (int(mask.sum()),):
+            got = values[key].shape[0] if key in values else 0
+            raise ValueError(f"values of {key}: {got} values for {int(mask.sum())} entries")
+    return {key: np.asarray(values[key], dtype=np.float32) for key in masks}
+
+
 def fit(ctx: ClientContext, msg: Payload) -> Payload:
-    """Alg. 2's local step: train the masked LoRA from the client's own values, upload masked values."""
+    """Alg. 2's local step: train the masked LoRA from G at the client's mask (``perfit.start: global``)
+    or from its own values (``own``), upload the masked values."""
     model, tokenizer = lora_model(ctx.cfg, ctx.resources)
     masks = _own_masks(ctx)
-    load_adapter(model, scatter_masked(ctx.state["values"], masks))
+    start_global = ctx.cfg.section("perfit").start == "global"
+    start = _masked_values(msg, masks) if start_global else ctx.state["values"]
+    load_adapter(model, scatter_masked(start, masks))
     params = adapter_parameters(model)
     grad_masks = {key: torch.from_numpy(mask) for key, mask in masks.items()}
     result = train_selected(
@@ -104,7 +127,10 @@ def fit(ctx: ClientContext, msg: Payload) -> Payload:
         grad_masks=grad_masks,
     )
     values = gather_masked(adapter_arrays(model), masks)
-    ctx.state["values"] = values
+    if start_global:  # kept for the score right after local training (evaluate_personal)
+        ctx.state["trained"] = {"round": int(msg["round"]), "values": values}
+    else:
+        ctx.state["values"] = values
     reply = values_payload(values)
     reply.update(fit_scalars(ctx, result))
     return reply
@@ -112,26 +138,31 @@ def fit(ctx: ClientContext, msg: Payload) -> Payload:
 
 def update(ctx: ClientContext, msg: Payload) -> Payload:
     """The personalised aggregate (Alg. 3): this client's masked entries of the masked mean."""
-    masks = _own_masks(ctx)
-    values = arrays(msg, VALUES)
-    for key, mask in masks.items():
-        if values[key].shape != (int(mask.sum()),):
-            raise ValueError(f"update of {key}: {values[key].shape[0]} values for {int(mask.sum())} entries")
-    ctx.state["values"] = {key: np.asarray(value, dtype=np.float32) for key, value in values.items()}
-    return {"received": len(values)}
+    ctx.state["values"] = _masked_values(msg, _own_masks(ctx))
+    return {"received": len(ctx.state["values"])}
 
 
 def evaluate_personal(ctx: ClientContext, msg: Payload) -> Payload:
-    """This client's own model (the base model if it never searched) on its own held-out records."""
+    """This client's model on its own held-out records: G at its mask (``perfit.start: global``, sent
+    along) or its own values (``own``); the base model before it has a mask. A client that trained this
+    round also reports its freshly trained values' scores under ``after_fit/``."""
     model, tokenizer = lora_model(ctx.cfg, ctx.resources)
     shapes = module_shapes(ctx.cfg, ctx.resources)
-    if "mask" in ctx.state:
-        adapter = scatter_masked(ctx.state["values"], _own_masks(ctx))
-    else:  # never sampled: the base model
-        adapter = {key: np.zeros(shape, dtype=np.float32) for key, shape in shapes.items()}
     if not ctx.eval_data:
         raise ValueError(f"client {ctx.client_id} has no held-out records (data.holdout)")
-    load_adapter(model, adapter)
     rnd = int(msg["round"])
-    result = evaluate_model(ctx.cfg, model, tokenizer, ctx.eval_data, rnd)
-    return personal_reply(result, len(ctx.eval_data), rnd)
+    adapter = {key: np.zeros(shape, dtype=np.float32) for key, shape in shapes.items()}
+    start_global = ctx.cfg.section("perfit").start == "global"
+    if "mask" in ctx.state and (not start_global or arrays(msg, VALUES)):
+        values = _masked_values(msg, _own_masks(ctx)) if start_global else ctx.state["values"]
+        adapter = scatter_masked(values, _own_masks(ctx))
+    load_adapter(model, adapter)
+    reply = personal_reply(
+        evaluate_model(ctx.cfg, model, tokenizer, ctx.eval_data, rnd), len(ctx.eval_data), rnd
+    )
+    trained = ctx.state.get("trained")
+    if start_global and trained is not None and int(trained["round"]) == rnd:
+        load_adapter(model, scatter_masked(trained["values"], _own_masks(ctx)))
+        after = evaluate_model(ctx.cfg, model, tokenizer, ctx.eval_data, rnd)
+        reply.update({AFTER_FIT + key: value for key, value in result_payload(after).items()})
+    return reply

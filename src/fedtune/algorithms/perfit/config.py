@@ -24,11 +24,25 @@ class PerFITConfig(AlgorithmConfig):
     search_steps: int = Field(5, ge=1)
     importance: Importance = "first"
     search_batches: int | None = Field(None, ge=1)
-    # Ablation (not in the paper): false skips Alg. 3, each client keeps the values it trained.
+    # Where a sampled client starts its round. "global" (the paper, sec. 4.1 step 4): the server keeps a
+    # dense expanded module G, sends each sampled client G at its mask and updates G on the entries the
+    # round's clients hold. "own" (an ablation): the client resumes from its own values of the last
+    # round it trained in, and receives Alg. 3's mean at its entries after each round.
+    start: Literal["global", "own"] = "global"
+    # LoRA alpha of the expanded module: "rank" = r_e (scaling 1: sec. 5.1 keeps alpha equal to the
+    # rank, as FIT's alpha = r), "lora" = lora.alpha (scaling lora.alpha / r_e), or a number.
+    alpha: int | Literal["rank", "lora"] = "rank"
+    # Ablation (not in the paper, with start: own): false skips Alg. 3, each client keeps what it trained.
     aggregate: bool = True
 
     @model_validator(mode="after")
     def _check_budgets(self) -> PerFITConfig:
         if self.budgets is not None and (not self.budgets or min(self.budgets) < 1):
             raise ValueError("perfit.budgets must be a non-empty list of positive ranks")
+        if not self.aggregate and self.start == "global":
+            raise ValueError(
+                "perfit.aggregate false (each client keeps what it trained) needs perfit.start: own"
+            )
+        if isinstance(self.alpha, int) and self.alpha < 1:
+            raise ValueError("perfit.alpha must be a positive number, 'rank' or 'lora'")
         return self

@@ -1,5 +1,7 @@
-"""PerFIT's server: it collects each client's mask once, runs the rounds (Alg. 2's training, Alg. 3's
-masked mean sent back per client) and keeps only the masks; it holds no model of its own."""
+"""PerFIT's server: it collects every client's mask once, before round 1, and keeps the dense expanded
+module G (``perfit.start: global``, the paper): each round it sends every sampled client G at its mask
+and updates G on the entries the round's clients hold (Alg. 3). With ``start: own`` (an ablation) it
+keeps only the masks and sends each trained client Alg. 3's mean at its entries."""
 
 from __future__ import annotations
 
@@ -10,12 +12,19 @@ from typing import Any
 import numpy as np
 
 from fedtune.algorithms.adapters import fit_round_result
-from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult
+from fedtune.algorithms.base import (
+    EVAL_EXAMPLES,
+    PERSONAL_EVAL,
+    Algorithm,
+    RoundResult,
+    derive_seed,
+    personal_results,
+)
 from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.algorithms.perfit import client
 from fedtune.algorithms.perfit.config import PerFITConfig
-from fedtune.algorithms.perfit.maths import budget_rank, kept_count
-from fedtune.algorithms.perfit.wire import MASK, VALUES, fit_spec, search_spec, values_payload
+from fedtune.algorithms.perfit.maths import budget_rank, kept_count, symmetric_init, update_global
+from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
 from fedtune.config import ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import gather_masked, masked_average, scatter_masked, unpack_mask
@@ -33,6 +42,8 @@ class PerFIT(Algorithm[PerFITConfig]):
         self.masks: dict[str, dict[str, np.ndarray]] = {}
         """client -> module key -> packed mask bits (what each client sent once)."""
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.global_module: dict[str, np.ndarray] = {}
+        """G, the dense expanded module (``start: global``); empty with ``start: own``."""
 
     def client_tasks(self) -> dict[str, ClientTask]:
         return {
@@ -56,24 +67,37 @@ class PerFIT(Algorithm[PerFITConfig]):
         """The clients' expanded LoRA keys and shapes: what masks and values are laid out by."""
         return client.module_shapes(self.cfg, resources)
 
+    @property
+    def starts_global(self) -> bool:
+        return bool(self.section.start == "global")
+
     def setup(self, server: ServerContext) -> None:
         self.shapes = self.module_shapes(server.resources)
+        if self.starts_global:
+            # The same symmetric init every client searched with (Alg. 2's Delta theta_0).
+            self.global_module = symmetric_init(self.shapes, derive_seed(self.cfg.seed, "perfit-init"))
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         clients = fed.client_ids()
         sampled = fed.sample(self.clients_per_round(fed), rnd)
-        newcomers = [c for c in sampled if c not in self.masks]
-        if newcomers:
-            self._collect_masks(newcomers, clients, fed)
+        # The paper: every client searches before round 1; the ablation: when first sampled.
+        searching = [c for c in (clients if self.starts_global else sampled) if c not in self.masks]
+        if searching:
+            self._collect_masks(searching, clients, fed)
         ready = [c for c in sampled if c in self.masks]
         masks = {c: self.unpacked(c) for c in ready}
         expect = {c: fit_spec(masks[c], self.cfg.fed.norm_bound, fed.client_sizes) for c in ready}
-        message: Payload = {"round": rnd}
-        replies = fed.call(ready, "fit", message, timeout=self.cfg.fed.client_timeout, expect=expect)
+        messages = {c: self._start_message(rnd, c, masks[c]) for c in ready}
+        replies = fed.call(ready, "fit", messages, timeout=self.cfg.fed.client_timeout, expect=expect)
         self.require_replies(replies, sampled, fed.traffic)
         trained = list(replies)
         weights = [int(replies[c]["num_examples"]) for c in trained]
-        if self.section.aggregate:
+        if self.starts_global:
+            states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
+            self.global_module = update_global(
+                self.global_module, states, [masks[c] for c in trained], weights
+            )
+        elif self.section.aggregate:
             self._send_masked_mean(trained, {c: replies[c] for c in trained}, masks, weights, fed)
         kept = sum(int(m.sum()) for c in trained for m in masks[c].values()) / max(1, len(trained))
         return fit_round_result(sampled, {c: replies[c] for c in trained}, weights, {"kept_entries": kept})
@@ -114,9 +138,33 @@ class PerFIT(Algorithm[PerFITConfig]):
         """PerFIT has no global model: its evaluation is the clients' own (``eval.personal``)."""
         return EvalResult({})
 
-    def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
+    def _start_message(self, rnd: int, client_id: str, mask: Mapping[str, np.ndarray]) -> Payload:
+        """What ``client_id`` starts from: G at its mask (``start: global``); nothing (``own``)."""
         message: Payload = {"round": rnd}
+        if self.starts_global:
+            message.update(values_payload(gather_masked(self.global_module, mask)))
         return message
+
+    def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
+        """Every client with a mask is scored on G at its mask (``start: global``)."""
+        messages: dict[str, Payload] = {}
+        for client_id in clients:
+            has_mask = client_id in self.masks
+            messages[client_id] = (
+                self._start_message(rnd, client_id, self.unpacked(client_id)) if has_mask else {"round": rnd}
+            )
+        return messages
+
+    def evaluate_clients(self, rnd: int, server: ServerContext, fed: Federation) -> EvalResult:
+        """``personal/``: every client's personalised model G at its mask on its own held-out data;
+        ``personal_after_fit/``: the clients that trained this round, scored on what they trained (the
+        paper does not say which of the two it reports)."""
+        replies = self.personal_replies(rnd, fed)
+        result = personal_results(replies)
+        after = {c: after_fit(r) for c, r in replies.items() if any(k.startswith(AFTER_FIT) for k in r)}
+        if after:
+            result.metrics.update(personal_results(after, prefix="personal_after_fit/").metrics)
+        return result
 
     @classmethod
     def load_final(
@@ -128,13 +176,22 @@ class PerFIT(Algorithm[PerFITConfig]):
     ) -> FinalModel:
         """None to load: PerFIT's models are personal (a sparse adapter per client, kept by its client)."""
         raise FinalModelError(
-            f"{run_dir} is a PerFIT run: each client holds its own personal adapter and the server keeps no "
-            "global model, so there is no single final model to evaluate or generate from; the clients' "
-            "scores on their own held-out data are the personal/* metrics in metrics.jsonl"
+            f"{run_dir} is a PerFIT run: its models are personal (each client's mask over the server's "
+            "expanded module; with perfit.start: own, each client's own values), so there is no single final "
+            "model to evaluate or generate from; every client's score on its own held-out data is in "
+            "metrics.jsonl (personal/*, personal_after_fit/*)"
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"masks": self.masks}
+        return {"masks": self.masks, "global_module": self.global_module}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.masks = {c: {k: np.asarray(v) for k, v in m.items()} for c, m in state["masks"].items()}
+        self.global_module = {k: np.asarray(v) for k, v in state.get("global_module", {}).items()}
+
+
+def after_fit(reply: Payload) -> Payload:
+    """A client's ``after_fit/`` metrics as a plain ``evaluate_personal`` reply."""
+    found: Payload = {k[len(AFTER_FIT) :]: v for k, v in reply.items() if k.startswith(AFTER_FIT)}
+    found[EVAL_EXAMPLES] = reply[EVAL_EXAMPLES]
+    return found

@@ -2,9 +2,14 @@
 
 - ``search`` (server -> client): ``{"budget": rank}``; reply ``mask/<key>`` (uint8, ``ceil(n / 8)``
   for a module key of n entries) and ``num_examples``.
-- ``fit`` (server -> client): ``{"round": t}``; reply ``values/<key>`` (float32, one per entry the
+- ``fit`` (server -> client): ``{"round": t}``, plus ``values/<key>`` (G at the client's entries) with
+  ``perfit.start: global``; reply ``values/<key>`` (float32, one per entry the
   client's mask holds, C order) and the fit statistics (``local.REPLY_SCALARS``).
-- ``update`` (server -> client, Alg. 3): ``values/<key>``, the masked mean at the client's own entries.
+- ``update`` (server -> client, Alg. 3, ``perfit.start: own`` only): ``values/<key>``, the masked mean at
+  the client's own entries.
+- ``evaluate_personal`` (server -> client): ``{"round": t}``, plus ``values/<key>`` (G at the client's
+  entries) with ``perfit.start: global``; reply: the metrics, and ``after_fit/`` metrics from a client
+  that trained in round t.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from fedtune.fl.validation import ArraySpec, ReplySpec
 
 MASK = "mask/"
 VALUES = "values/"
+AFTER_FIT = "after_fit/"
+"""Prefix of a sampled client's ``evaluate_personal`` metrics on the values it trained this round."""
 
 
 def mask_payload(masks: Mapping[str, np.ndarray]) -> Payload:
