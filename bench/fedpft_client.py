@@ -209,6 +209,7 @@ def rebuilt_client(directory: Path) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from fedtune.algorithms.fedpft.wire import Layout, with_lora
+    from fedtune.config import LoraConfig
     from fedtune.models.ffn import resize_ffn
 
     spec = json.loads((directory / "arch.json").read_text())
@@ -224,7 +225,7 @@ def rebuilt_client(directory: Path) -> tuple[Any, Any]:
     if spec is not None:
         tuned = None if spec["tuned"] is None else tuple(spec["tuned"])
         layout = Layout(spec["num_layers"], tuple(spec["layers"]), tuple(spec["widths"]), (), tuned)
-    return with_lora(model, LORA_R, LORA_ALPHA, LORA_DROPOUT, seed=0), layout
+    return with_lora(model, LoraConfig(r=LORA_R, alpha=LORA_ALPHA, dropout=LORA_DROPOUT), 0), layout
 
 
 def client_probe(directory: str, steps: int, threads: int) -> None:
@@ -310,6 +311,7 @@ def distillation_times(
 def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str, Any]:
     from fedtune.algorithms.fedpft.maths import count
     from fedtune.algorithms.fedpft.wire import ffn_parameters, with_lora
+    from fedtune.config import LoraConfig
     from fedtune.data.builtin import load_builtin
     from fedtune.data.classify import class_names
     from fedtune.models.ffn import ffn_widths
@@ -324,7 +326,10 @@ def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str
     macs = {variant: token_macs(model, args.seq_len) for variant, model in plain.items()}
     for variant, model in plain.items():
         save_client(model, layouts[variant], workdir / name / variant, batches[: args.probe_steps])
-    models = {v: with_lora(m, LORA_R, LORA_ALPHA, LORA_DROPOUT, seed=args.seed) for v, m in plain.items()}
+    models = {
+        v: with_lora(m, LoraConfig(r=LORA_R, alpha=LORA_ALPHA, dropout=LORA_DROPOUT), args.seed)
+        for v, m in plain.items()
+    }
     optimizers = {v: train_only_tuned(m, layouts[v]) for v, m in models.items()}
     step_seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for index, batch in enumerate(batches):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedtune.algorithms.fedbiot import ClientCacheMiss, FedBiOT
+from fedtune.algorithms.fedbiot.client import fit
 from fedtune.eval.evaluate import EvalSet
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload
@@ -190,28 +191,27 @@ def test_round_zero_adapfu_is_the_pretrained_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cache", ["memory", "disk"])
 def test_restarted_client_process(cache: str, tmp_path: Path) -> None:
     cfg = tiny_config("fedbiot", *FEDOT, f"fedbiot.client_cache={cache}")
-    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    algorithm, fed, _ = _built(cfg, tmp_path / "run")
     client = fed.client_ids()[0]
-    _, emulator, split = server.resources.get("fedbiot/server_models", lambda: None)
     workdir = tmp_path / "client"
 
     def context(resources: Resources) -> ClientContext:
         return ClientContext(client, cfg, fed.client_data[client], resources, {}, workdir, rnd=1)
 
-    first = algorithm._message(client, emulator, split)
-    algorithm._fit(context(Resources(cfg)), first)
+    first = algorithm.message(client)
+    fit(context(Resources(cfg)), first)
     algorithm.broadcast.delivered([client])
-    lean = algorithm._message(client, emulator, split)
+    lean = algorithm.message(client)
     assert not any(k.startswith(("emulator/", "frozen/")) for k in lean)
     fresh = Resources(cfg)  # a new client process: nothing in memory
     if cache == "memory":
         with pytest.raises(ClientCacheMiss, match="holds no emulator model"):
-            algorithm._fit(context(fresh), lean)
+            fit(context(fresh), lean)
     else:
         # Architecture, frozen part and emulator all come from the client's own disk.
-        reply = algorithm._fit(context(fresh), lean)
+        reply = fit(context(fresh), lean)
         assert np.isfinite(reply["train_loss"])
-        again = algorithm._fit(context(Resources(cfg)), lean)
+        again = fit(context(Resources(cfg)), lean)
         key = "adapter/" + next(iter(algorithm.global_adapter))
         np.testing.assert_array_equal(again[key], reply[key])
 
@@ -228,7 +228,7 @@ def test_runs_on_other_decoder_families(arch: str, tmp_path: Path) -> None:
 def test_initial_distillation_is_shared_through_init_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fedtune.algorithms.fedbiot.algorithm as fedbiot
+    import fedtune.algorithms.fedbiot.server as fedbiot
 
     calls: list[int] = []
     align = fedbiot.align_emulator
@@ -245,8 +245,7 @@ def test_initial_distillation_is_shared_through_init_cache(
     second, _, _ = _built(tiny_config("fedbiot", shared, "fedbiot.prox_eps=0"), tmp_path / "b")
     assert len(calls) == 1
     assert (tmp_path / "b" / "fedbiot" / "emulator-init.npz").is_file()  # kept for its own resume
-    first_state = first._emulator_state(first._models[1], first.split)
-    second_state = second._emulator_state(second._models[1], second.split)
+    first_state, second_state = first.state_dict()["emulator"], second.state_dict()["emulator"]
     assert first_state.keys() == second_state.keys()
     for key, value in first_state.items():
         np.testing.assert_array_equal(value, second_state[key], err_msg=key)
@@ -257,7 +256,7 @@ def test_initial_distillation_is_shared_through_init_cache(
 
 
 def test_client_model_is_placed_on_model_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fedtune.algorithms.fedbiot.algorithm as fedbiot
+    import fedtune.algorithms.fedbiot.client as fedbiot
 
     asked: list[str] = []
 

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedtune.algorithms.fedmkt.algorithm import ADAPTER, LLM, PUBLIC, FedMKT, public_subset
-from fedtune.algorithms.fedmkt.transfer import public_view
+from fedtune.algorithms.fedmkt import FedMKT
+from fedtune.algorithms.fedmkt.maths import public_view
+from fedtune.algorithms.fedmkt.wire import ADAPTER, LLM, PUBLIC, public_subset
 from fedtune.config import ConfigError
 from fedtune.data.rundata import prepare_data
 from fedtune.fl.payload import Payload
@@ -88,7 +89,7 @@ def test_fedavg_of_different_slms_is_a_config_error(tmp_path: Path) -> None:
 def test_a_node_loads_only_its_own_slm_and_the_llms_tokenizer(tmp_path: Path) -> None:
     import yaml
 
-    from fedtune.fl.flower.node import build_runtime, execute
+    from fedtune.flower.node import build_runtime, execute
 
     cfg = tiny_config("fedmkt", "fed.rounds=1")
     runtime = build_runtime(yaml.safe_dump(cfg.to_yaml_dict()), {"partition-id": 1, "workdir": str(tmp_path)})

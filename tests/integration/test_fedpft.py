@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedtune.algorithms.fedpft.algorithm import APOZ, FFN, FROZEN, TUNED
 from fedtune.algorithms.fedpft.final import TUNED_FILE
+from fedtune.algorithms.fedpft.wire import APOZ, FFN, FROZEN, TUNED
 from fedtune.algorithms.final import FinalModelError
 from fedtune.fl.broadcast import load_npz, save_npz
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint

@@ -95,10 +95,9 @@ def test_a_node_loads_only_what_its_clients_tasks_ask_for(tmp_path: Path) -> Non
 
     cfg = tiny_config("fedbiot", "fed.rounds=1")
     algorithm, _, _ = _built(cfg, tmp_path / "server")
-    _, emulator, split = algorithm._models  # type: ignore[misc]
     runtime = build_runtime(yaml.safe_dump(cfg.to_yaml_dict()), {"partition-id": 0, "workdir": str(tmp_path)})
     assert runtime.resources.loads == []
-    message = algorithm._message(runtime.client_id, emulator, split)
+    message = algorithm.message(runtime.client_id)
     outcome = execute(runtime, "fit", 1, message, {})
     assert outcome.error is None and outcome.reply is not None
     assert runtime.resources.loads == []  # the emulator came over the wire; only a tokenizer was loaded

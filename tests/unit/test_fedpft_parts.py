@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from fedtune.algorithms.fedpft.algorithm import kept_layers
-from fedtune.algorithms.fedpft.parts import (
+from fedtune.algorithms.fedpft.maths import kept_layers
+from fedtune.algorithms.fedpft.wire import (
     Layout,
     distilled_parameters,
     frozen_parameters,
     tuned_parameters,
     with_lora,
 )
+from fedtune.config import LoraConfig
 from fedtune.models.derive import truncate_layers
 from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
 from fedtune.models.loading import load_encoder_classifier
+
+LORA = LoraConfig(r=4, alpha=8, dropout=0.0)
 
 
 def test_fedot_keeps_the_edges_and_a_uniform_share_of_the_middle() -> None:
@@ -29,7 +32,7 @@ def test_tuned_frozen_and_distilled_split_every_parameter_once(name: str) -> Non
     sub = build_submodel(base, select_neurons(base, 0.5, [0, -1]))
     widths = ffn_widths(sub)
     layout = Layout(4, (0, 1, 2, 3), tuple(widths[i] for i in range(4)), (1, 2))
-    model = with_lora(sub, 4, 8, 0.0, 0)
+    model = with_lora(sub, LORA, 0)
 
     tuned, frozen = tuned_parameters(model, layout), frozen_parameters(model, layout)
     distilled = distilled_parameters(model, layout)
@@ -45,13 +48,13 @@ def test_tuned_frozen_and_distilled_split_every_parameter_once(name: str) -> Non
 
 def test_layer_drop_keys_use_the_original_layer_indices() -> None:
     base, _ = load_encoder_classifier("tiny-bert-L4-H32", 2, device="cpu")
-    emulator = with_lora(truncate_layers(base, [0, 1, 3]), 4, 8, 0.0, 0)
+    emulator = with_lora(truncate_layers(base, [0, 1, 3]), LORA, 0)
     layout = Layout(4, (0, 1, 3), (64, 64, 64))
 
     keys = set(tuned_parameters(emulator, layout))
 
     assert any(".layer.3." in k for k in keys) and not any(".layer.2." in k for k in keys)
-    full_keys = set(tuned_parameters(with_lora(base, 4, 8, 0.0, 0)))
+    full_keys = set(tuned_parameters(with_lora(base, LORA, 0)))
     assert keys < full_keys
 
 
@@ -69,7 +72,22 @@ def test_lora_targets_the_attention_of_roberta_and_gemma3() -> None:
     from tests.unit.test_ffn_surgery import gemma_classifier, roberta_classifier
 
     for make, per_layer in ((roberta_classifier, 4), (gemma_classifier, 4)):
-        model = with_lora(make(), 4, 8, 0.0, 0)
+        model = with_lora(make(), LORA, 0)
         lora = [k for k in tuned_parameters(model) if "lora_A" in k]
         assert len(lora) == 3 * per_layer, make.__name__
         assert not [k for k in lora if "mlp" in k or "intermediate" in k]
+
+
+@pytest.mark.parametrize(
+    ("name", "targets"), [("tiny-bert-L4-H32", ["query"]), ("tiny-llama-L4-H32", ["v_proj"])]
+)
+def test_an_explicit_lora_target_list_replaces_the_attention_default(name: str, targets: list[str]) -> None:
+    base, _ = load_encoder_classifier(name, 2, device="cpu")
+    default = {k for k in tuned_parameters(with_lora(base, LORA, 0)) if "lora_A" in k}
+    base, _ = load_encoder_classifier(name, 2, device="cpu")
+    explicit = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=targets)
+    chosen = {k for k in tuned_parameters(with_lora(base, explicit, 0)) if "lora_A" in k}
+
+    assert len(default) == 4 * 4  # auto: q, k, v, o in each of the 4 layers
+    assert len(chosen) == 4 and all(f".{targets[0]}." in k for k in chosen)
+    assert chosen < default

@@ -1,5 +1,8 @@
 """FedBiOT (bi-level offsite tuning), with Offsite-tuning and FedOT as settings of the same algorithm.
 
+Paper: "FedBiOT: A Solution for Federated Large Language Model Fine-Tuning with Intellectual Property
+Protection" (anonymous submission, 2024; Alg. 2, eq. 1-2), as docs/methods.md specifies.
+
 The server holds the LLM and never sends it. LayerExtract (`fedtune.models.surgery`) splits its n
 decoder layers into an adapter A (the last s layers) and the non-compressed emulator E* (the rest);
 the emulator E keeps ``floor((1 - d)(n - s))`` of E*'s layers at a uniform stride. Clients receive the
@@ -26,13 +29,18 @@ Adapter training is the full adapter layers (paper) or LoRA on them (``adapter_m
 Weights travel keyed by their layer's *original* index, so the traffic shows which layers leave the
 server; a dropped E* layer never does (asserted on the wire by the tests).
 
+The package: ``config`` (the ``fedbiot:`` section), ``maths`` (the split, the alignment of eq. 2),
+``wire`` (what travels, keyed by original layer index), ``client`` (the ``fit`` task: all a client
+holds is the emulator model it was sent and its data), ``server`` (the full model, the rounds, the
+evaluation, the state) and ``final`` (AdapFu / AdapEmu of a finished run).
+
 Choices where the paper is silent, and deviations:
 - The public set defaults to the training dataset's ``public`` split; ``public_dataset`` names another
   built-in (the paper distils on Alpaca for every task; our configs use ``wordnet-instruct``, a
   general instruction set, likewise shifted from the math and code tasks).
 - The KL and MSE terms are averaged over all non-pad positions of a public batch (public data may be
-  unlabelled); the MSE is normalised by the teacher's mean square as METHODS.md specifies, the KL is
-  the forward KL from the full model's distribution, as METHODS.md orders it.
+  unlabelled); the MSE is normalised by the teacher's mean square as docs/methods.md specifies, the
+  KL is the forward KL from the full model's distribution, as docs/methods.md orders it.
 - The initial (I_0-step) distillation runs with the initial adapter (the pretrained layers) and is
   cached under ``<run>/fedbiot/`` with a fingerprint, so resuming does not repeat it; ``init_cache``
   names a directory where runs with the same fingerprint (e.g. Offsite-tuning and FedOT, or an eps
@@ -49,9 +57,10 @@ Choices where the paper is silent, and deviations:
   the initial distillation has its own.
 """
 
-from fedtune.algorithms.fedbiot.algorithm import FedBiOT, load_final_fedbiot
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
+from fedtune.algorithms.fedbiot.final import load_final_fedbiot
 from fedtune.algorithms.fedbiot.maths import AlignStats, align_emulator, make_split
+from fedtune.algorithms.fedbiot.server import FedBiOT
 from fedtune.fl.broadcast import ClientCacheMiss
 
 __all__ = [

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from fedtune.config import AlgorithmConfig
+from fedtune.config import AlgorithmConfig, ExperimentConfig
 
 
 class FedBiOTConfig(AlgorithmConfig):
@@ -45,3 +45,25 @@ class FedBiOTConfig(AlgorithmConfig):
                 "fedbiot.adapter_layers must be even with split first_last (half first, half last)"
             )
         return self
+
+
+def init_fingerprint(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The settings the initial emulator distillation depends on: the key it is cached under."""
+    section: FedBiOTConfig = cfg.section("fedbiot")
+    return {
+        "model": cfg.model.name,
+        "seed": cfg.seed,
+        "split": section.split,
+        "adapter_layers": section.adapter_layers,
+        "dropout": section.dropout,
+        "adapter_mode": section.adapter_mode,
+        "init_steps": section.init_steps,
+        "align_lambda": section.align_lambda,
+        "align_optimizer": section.align_optimizer,
+        "align_lr": section.align_lr,
+        "align_batch_size": section.align_batch_size,
+        "public_dataset": section.public_dataset or cfg.data.dataset,
+        "public_examples": section.public_examples,
+        "max_length": cfg.data.max_length,
+        "template": cfg.data.template,
+    }

@@ -1,4 +1,8 @@
-"""FedBiOT's maths: the layer split, the parameter groups, and the emulator alignment of eq. (2)."""
+"""FedBiOT's maths: the layer split and the emulator alignment of eq. (2).
+
+Shapes: ``B`` batch, ``T`` tokens, ``P`` the non-pad positions of a batch, ``H`` hidden size, ``V``
+vocabulary.
+"""
 
 from __future__ import annotations
 
@@ -11,50 +15,53 @@ import torch
 from torch import Tensor
 
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
+from fedtune.data.records import Record
+from fedtune.data.templates import TemplateName
+from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.models.surgery import (
     LayerSplit,
-    ParamFilter,
-    all_params,
     layer_extract,
     layer_parameters,
-    lora_params,
-    non_layer_parameters,
-    num_decoder_layers,
     offsite_split,
     set_trainable,
     unwrap,
 )
 from fedtune.train.losses import emulator_alignment_loss, head_at_positions
+from fedtune.train.optim import build_optimizer
 
 Batch = dict[str, Tensor]
 
 
 def make_split(section: FedBiOTConfig, num_layers: int) -> LayerSplit:
+    """LayerExtract (``split: last``) or Offsite-tuning's split (``first_last``) of ``num_layers``."""
     if section.split == "last":
         return layer_extract(num_layers, section.adapter_layers, section.dropout)
     half = section.adapter_layers // 2
     return offsite_split(num_layers, section.dropout, bottom=half, top=half)
 
 
-def adapter_filter(mode: str) -> ParamFilter:
-    return lora_params if mode == "lora" else all_params
-
-
-def frozen_parameters(model: torch.nn.Module, split: LayerSplit, mode: str) -> dict[str, torch.nn.Parameter]:
-    """What never trains: embeddings, final norm, head, and in LoRA mode the adapter layers' base weights."""
-    frozen = non_layer_parameters(model)
-    if mode == "lora":
-        positions = split.emulator_positions() if _is_emulator(model, split) else None
-        frozen.update(layer_parameters(model, split.adapter, positions, lambda name: "lora_" not in name))
-    return frozen
-
-
-def _is_emulator(model: torch.nn.Module, split: LayerSplit) -> bool:
-    return num_decoder_layers(model) == len(split.kept) != split.num_layers
+def public_batches(
+    records: Sequence[Record],
+    tokenizer: Any,
+    *,
+    template: TemplateName,
+    max_length: int,
+    batch_size: int,
+    count: int | None,
+    seed: int,
+) -> list[Batch]:
+    """``count`` of ``records`` (a seeded sample; all when fewer) tokenized and batched, in a seeded
+    order: ``input_ids``/``attention_mask`` [B, T] per batch."""
+    if count is not None and len(records) > count:
+        rng = np.random.default_rng([seed, 0xB1])
+        records = [records[i] for i in sorted(rng.choice(len(records), count, replace=False))]
+    examples = encode_records(records, tokenizer, template, max_length)
+    return make_batches(examples, batch_size, int(tokenizer.pad_token_id or 0), seed=seed, bucketing=False)
 
 
 def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -> tuple[Tensor, Tensor]:
-    """Hidden states ``hidden_index`` and next-token logits at the non-pad positions of ``batch``.
+    """Hidden states ``hidden_index`` [P, H] and next-token logits [P, V] at the non-pad positions of
+    ``batch`` (``input_ids``/``attention_mask`` [B, T]).
 
     ``hidden_states[k]`` is the input of decoder layer k (0: the embeddings), so the output of layer
     i is index i + 1. For plain-head families the LM head runs on the non-pad positions only.
@@ -80,8 +87,21 @@ def emulator_parameters(emulator: torch.nn.Module, split: LayerSplit) -> dict[st
     return layer_parameters(emulator, split.emulator, split.emulator_positions())
 
 
+def alignment_optimizer(
+    emulator: torch.nn.Module, split: LayerSplit, kind: str, lr: float
+) -> torch.optim.Optimizer:
+    """A new optimizer (``sgd`` or ``adamw``) over E's parameters; the emulator is left frozen."""
+    params = emulator_parameters(emulator, split)
+    set_trainable(emulator, params)  # the optimizer takes only parameters that require grad
+    optimizer = build_optimizer(params.values(), kind, lr=lr)
+    set_trainable(emulator, {})
+    return optimizer
+
+
 @dataclass
 class AlignStats:
+    """Means over an alignment's steps: the loss of eq. (2), its normalised MSE and KL terms."""
+
     loss: float
     mse: float
     kl: float
@@ -98,7 +118,9 @@ def align_emulator(
     optimizer: torch.optim.Optimizer,
     clip_norm: float | None = 1.0,
 ) -> AlignStats:
-    """One step of eq. (2) per batch: only E's parameters (``emulator_parameters``) train.
+    """One step of eq. (2) per batch (``input_ids``/``attention_mask`` [B, T]): only E's parameters
+    (``emulator_parameters``) train; the loss compares E's and E*'s hidden states [P, H] and the
+    models' next-token distributions [P, V] at the P non-pad positions.
 
     Student and teacher both run without dropout (eval mode), so the distillation target and the
     student see the same deterministic functions; ``optimizer`` holds E's parameters and keeps its

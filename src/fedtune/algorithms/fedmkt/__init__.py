@@ -1,6 +1,6 @@
 """FedMKT: federated mutual knowledge transfer between a server LLM and heterogeneous client SLMs.
 
-Paper 001 (Alg. 1, Alg. 2, App. A, B), as METHODS.md specifies. The server holds the LLM (the run's
+Paper 001 (Alg. 1, Alg. 2, App. A, B), as docs/methods.md specifies. The server holds the LLM (the run's
 ``model:``) with a LoRA; each client holds its own SLM (``fedmkt.clients``; architectures and
 tokenizers may differ) with its own LoRA, which never leaves it (except with ``slm_fedavg``). Every
 party reads the same public set (the dataset's ``public`` split, ``public_examples`` of it).
@@ -25,6 +25,11 @@ training only, nothing transferred), LLM2SLM (``llm_learns: false``: the LLM sta
 teaches), FedAvg and Centralized (``fedit`` on the SLM / the LLM). Evaluation: the LLM on the test
 set (server), every SLM on its client's held-out split (``eval.personal``).
 
+The package: ``config`` (the ``fedmkt:`` section), ``maths`` (DualMinCE, the mixed loss, the
+alignment of knowledge between tokenizations), ``wire`` (what travels: losses and top-k only),
+``client`` (a client's tasks, and what every party -- the server's LLM too -- computes with) and
+``server`` (the LLM's side of each round, its evaluation and state).
+
 Choices where the paper is silent, and deviations:
 - KD is the soft-target cross-entropy against the softmax of the teacher's (aligned) top-k logits,
   renormalised over the entries left after mapping; a one-hot row is a hard target.
@@ -38,8 +43,8 @@ Choices where the paper is silent, and deviations:
 - The top-k is taken over the tokenizer's ids only (padded embedding rows name no token).
 """
 
-from fedtune.algorithms.fedmkt.algorithm import FedMKT
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
 from fedtune.algorithms.fedmkt.maths import dual_min_ce, mixed_loss, soft_target_ce
+from fedtune.algorithms.fedmkt.server import FedMKT
 
 __all__ = ["FedMKT", "FedMKTConfig", "dual_min_ce", "mixed_loss", "soft_target_ce"]

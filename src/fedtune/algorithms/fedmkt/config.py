@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field
@@ -14,6 +15,16 @@ def paper_llm_training() -> TrainConfig:
     return TrainConfig(
         optimizer="adamw", lr=3e-5, weight_decay=0.1, betas=(0.9, 0.95), batch_size=4, warmup_ratio=0.008
     )
+
+
+def client_index(client: str) -> int:
+    """The number a client id ends with (``c03`` -> 3): which of ``fedmkt.clients`` it holds."""
+    found = re.search(r"(\d+)$", client)
+    if found is None:
+        raise ValueError(
+            f"client id {client!r} does not end with its index; fedmkt.clients is assigned by it"
+        )
+    return int(found.group(1))
 
 
 class FedMKTConfig(AlgorithmConfig):
@@ -38,3 +49,7 @@ class FedMKTConfig(AlgorithmConfig):
     slm_eval: Literal["heldout", "test"] = "heldout"
     """What each client evaluates its SLM on (``eval.personal``): its held-out split, or the run's test
     set (the paper's protocol: every model on the task's test set, comparable with centralized SLMs)."""
+
+    def client_model(self, client: str) -> str:
+        """The SLM client ``client`` holds (``clients`` must not be empty)."""
+        return self.clients[client_index(client) % len(self.clients)]

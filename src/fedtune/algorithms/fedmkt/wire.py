@@ -1,5 +1,14 @@
 """How FedMKT's knowledge travels: per-sample losses and top-k logits of the public set only.
 
+- ``fit`` (server -> client): ``{"round": t}``; reply: the fit statistics (``local.REPLY_SCALARS``),
+  the client's knowledge under ``public/`` (``fed.mode: federated``) and its LoRA under ``adapter/``
+  (``slm_fedavg`` only).
+- ``distill`` (server -> client): the LLM's knowledge under ``llm/`` (and the clients' averaged LoRA
+  under ``adapter/`` with ``slm_fedavg``); reply: ``KD_SCALARS``.
+- ``evaluate_personal`` (server -> client): ``{"round": t}``; reply: the client's metrics.
+
+Every party reads the same public examples (``public_subset``).
+
 One flat array per field, samples concatenated in public-set order: ``loss`` [N] fp32, ``ids``
 [T, k] in the narrowest unsigned integer type that holds the sender's vocabulary (3 little-endian
 bytes per id, [T, k, 3] uint8, for 65,537 to 2^24 tokens: Qwen2.5, Gemma-3), ``values`` [T, k]
@@ -25,18 +34,40 @@ up its memory, and checks shape, finiteness and ids.
 from __future__ import annotations
 
 import itertools
+import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedtune.algorithms.base import derive_seed
+from fedtune.data.records import DataError, Record
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ArraySpec
+
+PUBLIC = "public/"
+"""A client's knowledge of the public set (fit reply)."""
+LLM = "llm/"
+"""The LLM's knowledge of the public set (distill message)."""
+ADAPTER = "adapter/"
+"""SLM LoRA states, only with ``slm_fedavg`` (homogeneous setting)."""
+KD_SCALARS = {"kd_selected": int, "kd_loss": float}
+"""A client's distill reply: the public samples it kept for KD and its training loss."""
 
 LOSS, IDS, VALUES = "loss", "ids", "values"
 DEFLATED = ".planes.z"
 _FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def public_subset(records: Sequence[Record], count: int | None, seed: int) -> list[Record]:
+    """The public examples every party uses: all, or a seeded sample of ``count`` in original order."""
+    if not records:
+        raise DataError("fedmkt transfers knowledge on a public set, but the dataset has no 'public' split")
+    if count is None or count >= len(records):
+        return list(records)
+    chosen = sorted(random.Random(derive_seed(seed, "fedmkt-public")).sample(range(len(records)), count))
+    return [records[i] for i in chosen]
 
 
 def id_bytes(vocab_size: int) -> int:

@@ -34,6 +34,12 @@ which the paper's argument says layer drop cannot give the intermediate layers).
 layer-level distillation = ``distill_steps: 0``; without neuron-level distillation =
 ``neuron_every: 0``.
 
+The package: ``config`` (the ``fedpft:`` section), ``maths`` (FedOT's layers, the distillations'
+gradient masks), ``wire`` (what travels: the layout, the parts of the client model, all keyed like the
+full model; the LoRA that names them), ``client`` (its tasks: all a client holds is the model it was
+sent and its data), ``server`` (the full model, derivation and distillations, rounds, evaluation,
+state) and ``final`` (the full classifier with the final LoRA + head).
+
 Choices where the paper is silent, and deviations:
 - APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. The
   activation is the nonlinearity's output: BERT's GELU(x W_in); a gated decoder's SiLU(x W_gate)
@@ -48,6 +54,8 @@ Choices where the paper is silent, and deviations:
   so eq. 13's plain MSE is almost entirely that one position (measured on SmolLM2-135M with 75% of
   the FFN neurons cut: MSE 7e5 at position 0 against 20-30 at the others), and distilling it leaves
   the positions the classifier reads untouched.
+- LoRA goes on ``lora.target_modules``; its ``auto`` default is every layer's attention projections
+  (q, k, v, o, as the paper), not the q, v of the generative methods (``wire.ATTENTION_TARGETS``).
 - Sequence classification reads a record's ``instruction`` (and ``input`` as a second segment when
   set); its class is its ``label`` for multiple-choice records, else its ``output`` among the class
   names (``labels``, the choices, or a built-in set's categories). ``eval.metrics`` does not apply:
@@ -58,7 +66,7 @@ Choices where the paper is silent, and deviations:
   replace its result.
 """
 
-from fedtune.algorithms.fedpft.algorithm import FedPFT
 from fedtune.algorithms.fedpft.config import FedPFTConfig
+from fedtune.algorithms.fedpft.server import FedPFT
 
 __all__ = ["FedPFT", "FedPFTConfig"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from fedtune.algorithms.fedpft.parts import HEAD_PREFIXES, tuned_parameters, with_lora
+from fedtune.algorithms.fedpft.wire import HEAD_PREFIXES, tuned_parameters, with_lora
 from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
@@ -28,6 +28,9 @@ from fedtune.models.surgery import load_parameters
 from fedtune.resources import model_spec
 
 TUNED_FILE = "fedpft-tuned.npz"
+"""The final LoRA + head, keyed like the full model."""
+INFO_FILE = "fedpft.json"
+"""The layout, the parameter counts and the distillation log."""
 
 
 def classification_result(
@@ -63,8 +66,7 @@ def load_final_fedpft(
     base, tokenizer = load_encoder_classifier(
         spec.name, len(names), dtype="fp32", device=spec.device, cache_dir=spec.cache_path, seed=spec.seed
     )
-    lora = cfg.lora
-    model = with_lora(base, lora.r, lora.alpha, lora.dropout, cfg.seed)
+    model = with_lora(base, cfg.lora, cfg.seed)
     state = load_npz(tuned_file)
     targets = tuned_parameters(model)
     # LoRA a run did not train (FedOT's emulator layers) stays at its no-op init; the head cannot.

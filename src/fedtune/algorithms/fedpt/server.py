@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+import fedtune.algorithms.fedpt.client as client
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
-from fedtune.algorithms.fedpt import client
 from fedtune.algorithms.fedpt.config import FedPTConfig
 from fedtune.algorithms.fedpt.final import (
     evaluate_proxy,

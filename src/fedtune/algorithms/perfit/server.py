@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+import fedtune.algorithms.perfit.client as client
 from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import (
     EVAL_EXAMPLES,
@@ -21,7 +22,6 @@ from fedtune.algorithms.base import (
     personal_results,
 )
 from fedtune.algorithms.final import FinalModel, FinalModelError
-from fedtune.algorithms.perfit import client
 from fedtune.algorithms.perfit.config import PerFITConfig
 from fedtune.algorithms.perfit.maths import budget_rank, kept_count, symmetric_init, update_global
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload

@@ -1,0 +1,234 @@
+"""What FedPFT puts on the wire: the client model's layout and its parts -- what trains, what is
+frozen, what is re-sent -- keyed the same everywhere.
+
+- ``fit`` (server -> client): ``tuned/`` the global LoRA + head, ``layout/`` the client model's
+  layout, and the parts the client does not hold: ``frozen/`` (embeddings, attention, norms, whole
+  FFNs; with the architecture as ``arch``; once) and ``ffn/`` (the compressed layers' FFNs; again
+  after each distillation). Reply: ``tuned/`` and the fit statistics (``local.REPLY_SCALARS``).
+- ``apoz`` (server -> client): as ``fit``; reply ``apoz/<position>`` (float32 [width], the count of
+  non-positive activations of each neuron of the layer at that position) and ``positions``.
+
+Every state is keyed by the full model's parameter names (peft wrapper removed) with *original*
+layer indices, so the LoRA + head a client trains on a sub-model (same layers, fewer FFN neurons) or
+on a layer-dropped emulator plug into the full model by name. The LoRA goes on the attention
+projections (``lora.target_modules``; ``auto``: q, k, v, o as ``ATTENTION_TARGETS`` names them).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from fedtune.algorithms.fedpft.config import FedPFTConfig
+from fedtune.algorithms.fedpft.maths import adapter_layers, count, kept_layers, model_params
+from fedtune.algorithms.local import REPLY_SCALARS
+from fedtune.config import LoraConfig
+from fedtune.fl.broadcast import VersionedBroadcast
+from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
+from fedtune.fl.validation import ReplySpec
+from fedtune.models.derive import truncate_layers
+from fedtune.models.ffn import build_submodel, ffn_layers, select_neurons
+from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
+from fedtune.models.lora import build_lora, lora_targets
+from fedtune.models.surgery import layer_index, layer_pattern, num_decoder_layers, relabel, unwrap
+
+TUNED = "tuned/"
+FROZEN = "frozen/"
+FFN = "ffn/"
+LAYOUT = "layout/"
+APOZ = "apoz/"
+
+HEAD_PREFIXES = ("classifier.", "score.")
+"""BERT's and the decoders' sequence-classification heads (transformers' names)."""
+ATTENTION_TARGETS = {  # the default of ``lora.target_modules: auto``
+    "bert": ["query", "key", "value", "attention.output.dense"],
+    "roberta": ["query", "key", "value", "attention.output.dense"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "gemma3_text": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which original layers the client model holds, each held layer's FFN width, the positions of
+    the layers whose FFN is narrower than the full model's (the ones the distillations train), and
+    the original layers whose attention LoRA trains (None: every held layer; FedOT: its adapter)."""
+
+    num_layers: int
+    layers: tuple[int, ...]
+    widths: tuple[int, ...]
+    compressed: tuple[int, ...] = ()
+    tuned: tuple[int, ...] | None = None
+
+    def positions(self) -> dict[int, int]:
+        """Original layer index -> position in the client model."""
+        return {layer: position for position, layer in enumerate(self.layers)}
+
+
+def broadcast_parts(distilled: bool) -> VersionedBroadcast:
+    """The parts of the client model that travel, by version: "frozen" once; "ffn" (the compressed
+    FFNs) again after each distillation, only when there is one (without, nothing changes after setup)."""
+    broadcast = VersionedBroadcast(("frozen", "ffn") if distilled else ("frozen",))
+    broadcast.set_version("frozen", 1)
+    return broadcast
+
+
+def layout_payload(layout: Layout) -> Payload:
+    return {
+        LAYOUT + "num_layers": layout.num_layers,
+        LAYOUT + "layers": np.asarray(layout.layers, dtype=np.int32),
+        LAYOUT + "widths": np.asarray(layout.widths, dtype=np.int32),
+        LAYOUT + "compressed": np.asarray(layout.compressed, dtype=np.int32),
+        **({} if layout.tuned is None else {LAYOUT + "tuned": np.asarray(layout.tuned, dtype=np.int32)}),
+    }
+
+
+def layout_from(msg: Payload) -> Layout:
+    def ints(key: str) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.asarray(msg[LAYOUT + key]).tolist())
+
+    tuned = ints("tuned") if LAYOUT + "tuned" in msg else None
+    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"), tuned)
+
+
+def attention_targets(model: nn.Module) -> list[str]:
+    """The attention projections (q, k, v, o) of ``model``'s family."""
+    model_type = unwrap(model).config.model_type
+    if model_type not in ATTENTION_TARGETS:
+        raise ValueError(f"fedpft: no attention projections known for model type {model_type!r}")
+    return ATTENTION_TARGETS[model_type]
+
+
+def with_lora(model: Any, lora: LoraConfig, seed: int) -> nn.Module:
+    """The run's LoRA on ``lora.target_modules`` of every layer (``auto``: the attention projections
+    q, k, v, o); the head is trained directly."""
+    targets = lora_targets(model, lora, defaults=attention_targets)
+    return build_lora(model, lora, seed=seed, target_modules=targets, task_type=None)
+
+
+def derive_client_model(base: Any, section: FedPFTConfig) -> tuple[Any, Layout]:
+    """The client model the server derives from ``base`` (``submodel``), and its layout."""
+    n = num_decoder_layers(base)
+    tuned: tuple[int, ...] | None = None
+    if section.submodel == "ffn":
+        client = build_submodel(base, select_neurons(base, section.keep_ratio, section.keep_layers))
+        layers = tuple(range(n))
+    elif section.submodel == "layerdrop":
+        layers = kept_layers(n, section.edge_layers, section.drop)
+        client = truncate_layers(base, list(layers))
+        if not section.emulator_lora:  # Offsite-tuning: only the adapter at both ends trains
+            tuned = adapter_layers(n, section.edge_layers)
+    else:
+        client, layers = copy.deepcopy(base), tuple(range(n))
+    widths = tuple(ffn.width for ffn in ffn_layers(client))
+    full_widths = {ffn.layer: ffn.width for ffn in ffn_layers(base)}
+    compressed = tuple(pos for pos, layer in enumerate(layers) if widths[pos] < full_widths[layer])
+    return client, Layout(n, layers, widths, compressed, tuned)
+
+
+def _original_names(model: nn.Module, layout: Layout | None) -> dict[str, nn.Parameter]:
+    """Every parameter of ``model`` (peft wrapper removed) keyed with original layer indices."""
+    base = unwrap(model)
+    if layout is None:
+        return dict(base.named_parameters())
+    pattern = layer_pattern(base)
+    original = dict(enumerate(layout.layers))
+    return {relabel(name, pattern, original): p for name, p in base.named_parameters()}
+
+
+def tuned_parameters(model: nn.Module, layout: Layout | None = None) -> dict[str, nn.Parameter]:
+    """What clients train: attention LoRA (of ``layout.tuned``'s layers when set) and the task head."""
+    names = _original_names(model, layout)
+    if layout is None or layout.tuned is None:
+        return {n: p for n, p in names.items() if "lora_" in n or n.startswith(HEAD_PREFIXES)}
+    pattern, tuned = layer_pattern(unwrap(model)), set(layout.tuned)
+    return {
+        n: p
+        for n, p in names.items()
+        if n.startswith(HEAD_PREFIXES) or ("lora_" in n and layer_index(n, pattern) in tuned)
+    }
+
+
+def ffn_parameters(
+    model: nn.Module, layout: Layout | None = None, positions: Iterable[int] | None = None
+) -> dict[str, nn.Parameter]:
+    """The FFN weights and biases (of the layers at ``positions`` in ``model``, default all)."""
+    wanted = set(ffn_module_parameters(unwrap(model), positions))
+    base_names = {id(p): n for n, p in unwrap(model).named_parameters()}
+    return {k: p for k, p in _original_names(model, layout).items() if base_names[id(p)] in wanted}
+
+
+def distilled_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
+    """The compressed layers' FFNs: what the distillations change (re-sent after each)."""
+    return ffn_parameters(model, layout, layout.compressed)
+
+
+def frozen_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
+    """Everything else but the tuned LoRA and the head: embeddings, attention, norms, pooler, whole
+    FFNs, the LoRA of layers that do not train (FedOT's emulator; sent once)."""
+    moving = set(tuned_parameters(model, layout)) | set(distilled_parameters(model, layout))
+    return {k: p for k, p in _original_names(model, layout).items() if k not in moving}
+
+
+def arrays_of(params: Mapping[str, nn.Parameter]) -> dict[str, np.ndarray]:
+    """``params`` as float32 numpy copies (payload-ready)."""
+    return {k: p.detach().float().cpu().numpy().copy() for k, p in params.items()}
+
+
+def part_payload(part: str, client: nn.Module, layout: Layout) -> Payload:
+    """A broadcast part of the client model as payload entries: "frozen" (with the architecture) or
+    "ffn" (the compressed layers' FFNs)."""
+    if part == "frozen":
+        frozen = arrays_of(frozen_parameters(client, layout))
+        entries: Payload = {FROZEN + k: v for k, v in frozen.items()}
+        entries["arch"] = unwrap(client).config.to_json_string(use_diff=False)
+        return entries
+    return {FFN + k: v for k, v in arrays_of(distilled_parameters(client, layout)).items()}
+
+
+def submodel_traffic(messages: Iterable[Payload], wire_dtype: str) -> tuple[int, int]:
+    """How many of ``messages`` carry a part of the client model, and those parts' bytes as sent (fp16
+    under ``fed.wire_dtype`` fp16)."""
+    parts = [{k: v for k, v in m.items() if k.startswith((FFN, FROZEN))} for m in messages]
+    sent = [p for p in parts if p]
+    return len(sent), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in sent)
+
+
+def fit_spec(
+    state: Mapping[str, np.ndarray], norm_bound: float | None, example_limits: Mapping[str, int]
+) -> ReplySpec:
+    """A ``fit`` reply: ``tuned/`` shaped like ``state`` (norm-bounded) and the fit statistics."""
+    return ReplySpec.like(
+        {TUNED + k: v for k, v in state.items()},
+        scalars=REPLY_SCALARS,
+        norm_bound=norm_bound,
+        example_limits=example_limits,
+    )
+
+
+def apoz_spec(layout: Layout) -> ReplySpec:
+    """An ``apoz`` reply: ``apoz/<position>`` [width] for every layer of the client model, ``positions``."""
+    template = {f"{APOZ}{pos}": np.zeros(w, np.float32) for pos, w in enumerate(layout.widths)}
+    return ReplySpec.like(template, scalars={"positions": int}, reference=False)
+
+
+def apoz_counts_of(reply: Payload) -> dict[int, tuple[np.ndarray, int]]:
+    """An ``apoz`` reply as position -> (non-positive counts [width], token positions counted)."""
+    return {int(k): (np.asarray(v), int(reply["positions"])) for k, v in arrays(reply, APOZ).items()}
+
+
+def parameter_counts(full: nn.Module, client: nn.Module, layout: Layout | None) -> dict[str, int]:
+    """Parameter counts: the full model, the client model, what trains, the FFNs of both."""
+    return {
+        "full_params": model_params(full),
+        "client_params": model_params(client),
+        "tuned_params": count(tuned_parameters(client, layout)),
+        "full_ffn_params": count(ffn_parameters(full)),
+        "client_ffn_params": count(ffn_parameters(client, layout)),
+    }
