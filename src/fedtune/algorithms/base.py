@@ -13,6 +13,7 @@ import numpy as np
 
 from fedtune.algorithms.final import (
     FinalModel,
+    FinalRun,
     check_options,
     check_variant,
     load_adapter_model,
@@ -170,11 +171,19 @@ class Algorithm(ABC, Generic[SectionT]):
         variant: str | None = None,
         options: Mapping[str, str] | None = None,
     ) -> FinalModel:
-        """A finished run's final model; methods whose final model is not ``final_adapter`` on the
-        run's ``model:`` override this (and name their ``final_variants`` / ``final_options``)."""
-        check_variant(cls.name, cls.final_variants, variant)
-        check_options(cls.name, cls.final_options, options or {})
-        return load_adapter_model(cfg, run_dir)
+        """A finished run's final model: ``variant`` and ``options`` checked against the method's
+        ``final_variants`` / ``final_options``, then ``final_model``."""
+        options = dict(options or {})
+        check_options(cls.name, cls.final_options, options)
+        return cls.final_model(
+            FinalRun(cfg, run_dir, check_variant(cls.name, cls.final_variants, variant), options)
+        )
+
+    @classmethod
+    def final_model(cls, run: FinalRun) -> FinalModel:
+        """The final model (the default: ``final_adapter`` on the run's ``model:``); a method whose
+        final model is something else overrides this."""
+        return load_adapter_model(run.cfg, run.run_dir)
 
     def clients_per_round(self, fed: Federation) -> int:
         fed_cfg = self.cfg.fed

@@ -3,7 +3,7 @@
 Every method says what its final model is through two hooks of ``Algorithm``: ``final_adapter``
 (a LoRA adapter on the run's ``model:``, saved here as a standard peft directory and loaded back by
 ``load_adapter_model``) or, when the final model is something else, ``write_artifacts`` +
-``load_final`` returning its own ``FinalModel``.
+``final_model`` returning its own ``FinalModel``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +25,18 @@ from fedtune.resources import Resources, model_spec
 
 ADAPTER_DIR = "adapter"
 META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class FinalRun:
+    """A finished run whose final model is asked for: ``variant`` is one of the method's
+    ``final_variants`` (its first when none was named; ``None`` for a method without variants), and
+    ``options`` hold only keys of its ``final_options``."""
+
+    cfg: ExperimentConfig
+    run_dir: Path
+    variant: str | None
+    options: Mapping[str, str]
 
 
 class FinalModelError(RunError):

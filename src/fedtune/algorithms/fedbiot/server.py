@@ -35,8 +35,7 @@ from fedtune.algorithms.fedbiot.wire import (
     part_payload,
     with_adapter_lora,
 )
-from fedtune.algorithms.final import FinalModel, check_options, check_variant
-from fedtune.config import ExperimentConfig
+from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
@@ -253,16 +252,8 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
 
     # -------------------------------------------------------------- final model
     @classmethod
-    def load_final(
-        cls,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        variant: str | None = None,
-        options: Mapping[str, str] | None = None,
-    ) -> FinalModel:
-        variant = check_variant(cls.name, cls.final_variants, variant)
-        check_options(cls.name, cls.final_options, options or {})
-        return final_model(cfg, run_dir, variant)
+    def final_model(cls, run: FinalRun) -> FinalModel:
+        return final_model(run.cfg, run.run_dir, run.variant)
 
     def write_artifacts(self, directory: Path) -> None:
         """The final adapter (keyed by original layer index) and the split; AdapFu = base model + it."""

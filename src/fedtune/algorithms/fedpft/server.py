@@ -34,8 +34,7 @@ from fedtune.algorithms.fedpft.wire import (
     tuned_parameters,
     with_lora,
 )
-from fedtune.algorithms.final import FinalModel, check_options, check_variant
-from fedtune.config import ExperimentConfig
+from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.data.classify import (
     class_names,
     encode_classification,
@@ -267,17 +266,9 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
     # -------------------------------------------------------------- final model
     @classmethod
-    def load_final(
-        cls,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        variant: str | None = None,
-        options: Mapping[str, str] | None = None,
-    ) -> FinalModel:
+    def final_model(cls, run: FinalRun) -> FinalModel:
         """The full classifier with the final LoRA + head (it classifies; it does not generate)."""
-        check_variant(cls.name, cls.final_variants, variant)
-        check_options(cls.name, cls.final_options, options or {})
-        return ClassifierModel(cfg, run_dir)
+        return ClassifierModel(run.cfg, run.run_dir)
 
     def write_artifacts(self, directory: Path) -> None:
         """The final LoRA + head (keyed like the full model), the layout and the distillation log."""

@@ -34,8 +34,7 @@ from fedtune.algorithms.fedpt.maths import (
     logits_with,
     proxy_teacher,
 )
-from fedtune.algorithms.final import FinalModel, check_options, check_variant
-from fedtune.config import ExperimentConfig
+from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
@@ -259,17 +258,8 @@ class FedPT(Algorithm[FedPTConfig]):
         return self.global_adapter
 
     @classmethod
-    def load_final(
-        cls,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        variant: str | None = None,
-        options: Mapping[str, str] | None = None,
-    ) -> FinalModel:
-        variant = check_variant(cls.name, cls.final_variants, variant)
-        options = dict(options or {})
-        check_options(cls.name, cls.final_options, options)
-        return final_model(cfg, run_dir, variant, options)
+    def final_model(cls, run: FinalRun) -> FinalModel:
+        return final_model(run.cfg, run.run_dir, run.variant, run.options)
 
     def write_artifacts(self, directory: Path) -> None:
         last = max(self.alphas) if self.alphas else None

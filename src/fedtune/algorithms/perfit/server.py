@@ -6,7 +6,6 @@ keeps only the masks and sends each trained client Alg. 3's mean at its entries.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,11 +20,10 @@ from fedtune.algorithms.base import (
     derive_seed,
     personal_results,
 )
-from fedtune.algorithms.final import FinalModel, FinalModelError
+from fedtune.algorithms.final import FinalModel, FinalModelError, FinalRun
 from fedtune.algorithms.perfit.config import PerFITConfig
 from fedtune.algorithms.perfit.maths import budget_rank, kept_count, symmetric_init, update_global
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
-from fedtune.config import ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import gather_masked, masked_average, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
@@ -167,16 +165,10 @@ class PerFIT(Algorithm[PerFITConfig]):
         return result
 
     @classmethod
-    def load_final(
-        cls,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        variant: str | None = None,
-        options: Mapping[str, str] | None = None,
-    ) -> FinalModel:
-        """None to load: PerFIT's models are personal (a sparse adapter per client, kept by its client)."""
+    def final_model(cls, run: FinalRun) -> FinalModel:
+        """None to load: PerFIT's models are personal (each client's mask over the global module)."""
         raise FinalModelError(
-            f"{run_dir} is a PerFIT run: its models are personal (each client's mask over the server's "
+            f"{run.run_dir} is a PerFIT run: its models are personal (each client's mask over the server's "
             "expanded module; with perfit.start: own, each client's own values), so there is no single final "
             "model to evaluate or generate from; every client's score on its own held-out data is in "
             "metrics.jsonl (personal/*, personal_after_fit/*)"
