@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import random
 import time
@@ -99,6 +100,27 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
         row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     row.update({k: round(v, 2) for k, v in result.extra.items()})
     return row
+
+
+def metrics_line(row: dict[str, Any]) -> str:
+    """``row`` as one line of strict JSON: a non-finite number (e.g. a client's NaN metric) is written
+    as null, and the row's ``non_finite`` names where, so every line parses with any JSON reader."""
+    found: list[str] = []
+
+    def finite(value: Any, path: str) -> Any:
+        if isinstance(value, dict):
+            return {k: finite(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [finite(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(f"{path}: {value}")
+            return None
+        return value
+
+    clean = finite(row, "")
+    if found:
+        clean["non_finite"] = found
+    return json.dumps(clean, allow_nan=False) + "\n"
 
 
 class Runner:
@@ -198,13 +220,11 @@ class Runner:
         save_checkpoint(self.run_dir, rnd, tree, keep=self.cfg.fed.keep_checkpoints)
 
     def _write_metrics(self) -> None:
-        atomic_write_text(
-            self.run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.history)
-        )
+        atomic_write_text(self.run_dir / "metrics.jsonl", "".join(metrics_line(row) for row in self.history))
 
     def _append_metrics(self, row: dict[str, Any]) -> None:
         with open(self.run_dir / "metrics.jsonl", "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(metrics_line(row))
 
     def _restore(self, algorithm: Algorithm, fed: ServerFederation) -> int:
         clean_partial(self.run_dir)

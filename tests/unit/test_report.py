@@ -252,3 +252,18 @@ def test_report_shows_each_clients_own_evaluation(tmp_path: Path) -> None:
     text = squeeze(write_report(run_dir).read_text())
     assert "## Per-client evaluation" in text
     assert "| c00 | nouns | 8 | 5 |" in text and "| c01 | verbs | 10 | 7 |" in text
+
+
+def test_a_non_finite_metric_is_written_as_null_and_named() -> None:
+    from fedtune.runner import metrics_line
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"not strict JSON: {name}")
+
+    row = {"round": 1, "train_loss": float("inf"), "eval": {"personal/perplexity": float("nan"), "acc": 0.5}}
+
+    parsed = json.loads(metrics_line(row), parse_constant=no_constants)
+
+    assert parsed["eval"] == {"personal/perplexity": None, "acc": 0.5} and parsed["train_loss"] is None
+    assert parsed["non_finite"] == ["train_loss: inf", "eval.personal/perplexity: nan"]
+    assert "non_finite" not in json.loads(metrics_line({"round": 0, "eval": {"acc": 1.0}}))
