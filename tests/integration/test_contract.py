@@ -188,21 +188,32 @@ def assert_trees_equal(a: Any, b: Any) -> None:
         assert a == b
 
 
+LIES: dict[str, Any] = {"num_examples": 10**9, "train_loss": -1e9, "tokens": -(10**9)}
+"""A client reporting what its statistics cannot be: an inflated weight, a negative loss or count."""
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_a_client_inflating_its_example_count_is_rejected(algorithm: str, tmp_path: Path) -> None:
+def test_a_client_lying_about_its_statistics_is_rejected(algorithm: str, lie: str, tmp_path: Path) -> None:
     cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false")
     liar = sorted(cfg_clients(cfg))[0]
+    lied_about: list[str] = []
 
     def inflate(client: str, task: str, rnd: int, reply: Payload) -> Payload:
-        return {**reply, "num_examples": 10**9} if client == liar and "num_examples" in reply else reply
+        if client == liar and lie in reply:
+            lied_about.append(task)
+            return {**reply, lie: LIES[lie]}
+        return reply
 
     def crash(client: str, task: str, rnd: int) -> None:
-        if client == liar:
+        if client == liar and task in lied_about:  # absent from exactly the tasks it lied in
             raise RuntimeError("gone")
 
     lied = quiet_runner(cfg, tmp_path / "lied", after_task=inflate).run()
+    if not lied_about:
+        pytest.skip(f"{algorithm}'s replies report no {lie}")
     quiet_runner(cfg, tmp_path / "absent", before_task=crash).run()
-    assert "num_examples" in lied[1]["rejected"][liar]
+    assert lie in lied[1]["rejected"][liar]
     # The aggregate is the one without that client.
     state_lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))  # type: ignore[arg-type]
     state_absent = load_checkpoint(latest_checkpoint(tmp_path / "absent"))  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import torch
 from fedtune.fl.aggregate import server_step, weighted_average
 from fedtune.fl.federation import seeded_sample
 from fedtune.fl.payload import PayloadError, check_payload, payload_nbytes, payload_to_state, state_to_payload
-from fedtune.fl.validation import ReplyRejected, ReplySpec, validate_reply
+from fedtune.fl.validation import ArraySpec, ReplyRejected, ReplySpec, validate_reply
 
 
 def test_weighted_average_by_example_count() -> None:
@@ -109,3 +109,18 @@ def test_a_plausible_weight_passes_and_unknown_clients_need_only_be_positive() -
 
     assert validate_reply({"num_examples": 40}, spec, "c0") == {"num_examples": 40}
     assert validate_reply({"num_examples": 10**6}, spec, "other") == {"num_examples": 10**6}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("train_loss", -1e9), ("tokens", -1_000_000_000), ("trained_examples", -3)]
+)
+def test_a_reported_statistic_outside_what_it_can_be_is_rejected(key: str, value: float) -> None:
+    scalars = {"num_examples": int, "train_loss": float, "tokens": int, "trained_examples": int}
+    reply = {**good_reply(), "train_loss": 1.5, "tokens": 100, "trained_examples": 8}
+    checked = ReplySpec({"w": ArraySpec((2, 2), "float32")}, scalars)
+    assert validate_reply(reply, checked)["train_loss"] == 1.5
+
+    reply[key] = value
+
+    with pytest.raises(ReplyRejected, match=f"'{key}' = .* is outside what it can be"):
+        validate_reply(reply, checked)

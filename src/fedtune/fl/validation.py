@@ -55,6 +55,14 @@ class ReplySpec:
         )
 
 
+SCALAR_RANGES: Mapping[str, tuple[float, float]] = {
+    "train_loss": (0.0, float("inf")),
+    "tokens": (0, float("inf")),
+    "trained_examples": (0, float("inf")),
+}
+"""What a reported statistic can be, by name: a loss is never negative, a count never below zero."""
+
+
 def _check_scalar(reply: Payload, key: str, kind: type) -> None:
     if key not in reply:
         raise ReplyRejected(f"missing scalar '{key}'")
@@ -66,6 +74,9 @@ def _check_scalar(reply: Payload, key: str, kind: type) -> None:
         raise ReplyRejected(f"scalar '{key}' must be {kind.__name__}, got {type(value).__name__}")
     if isinstance(value, float) and not np.isfinite(value):
         raise ReplyRejected(f"scalar '{key}' is not finite ({value})")
+    low, high = SCALAR_RANGES.get(key, (-np.inf, np.inf))
+    if isinstance(value, int | float) and not low <= value <= high:
+        raise ReplyRejected(f"scalar '{key}' = {value!r} is outside what it can be ([{low}, {high}])")
 
 
 def _check_array(key: str, value: object, spec: ArraySpec) -> np.ndarray:
