@@ -8,6 +8,7 @@ import pytest
 
 from fedtune.config import ConfigError
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.fl.payload import Payload
 from fedtune.resources import Resources
 from tests.integration.helpers import quiet_runner, tiny_config
 
@@ -47,3 +48,24 @@ def test_federated_personal_eval_sends_the_global_adapter(tmp_path: Path) -> Non
 def test_personal_eval_needs_an_algorithm_that_has_it() -> None:
     with pytest.raises(ConfigError, match=r"eval\.personal: algorithm 'fedpt' has no client-side evaluation"):
         tiny_config("fedpt", "eval.personal=true")
+
+
+@pytest.mark.parametrize("algorithm", ["fedit", "perfit", "fedmkt"])
+def test_a_non_finite_personal_metric_is_rejected_and_left_out(algorithm: str, tmp_path: Path) -> None:
+    # Prepare: client c00 reports a NaN perplexity for its own model in every evaluation.
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.personal=true", "eval.before=false")
+
+    def poison(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client == "c00" and task == "evaluate_personal":
+            return {**reply, "metric/perplexity": float("nan")}
+        return reply
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run", after_task=poison).run()
+
+    # Assert: the others' mean, no NaN in the row, the reason recorded
+    row = history[1]
+    assert "c00" not in row["eval_by_client"] and len(row["eval_by_client"]) == 3
+    others = [v["perplexity"] for v in row["eval_by_client"].values()]
+    assert row["eval"]["personal/perplexity"] == pytest.approx(sum(others) / len(others))
+    assert "not finite" in row["rejected"]["c00"]

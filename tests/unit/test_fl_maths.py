@@ -124,3 +124,14 @@ def test_a_reported_statistic_outside_what_it_can_be_is_rejected(key: str, value
 
     with pytest.raises(ReplyRejected, match=f"'{key}' = .* is outside what it can be"):
         validate_reply(reply, checked)
+
+
+def test_an_undeclared_non_finite_number_and_an_empty_evaluation_are_rejected() -> None:
+    evaluation = ReplySpec(scalars={"num_eval_examples": int, "round": int})
+    honest = {"metric/perplexity": 12.5, "num_eval_examples": 8, "round": 1}
+    assert validate_reply(honest, evaluation)["metric/perplexity"] == 12.5
+
+    with pytest.raises(ReplyRejected, match="'metric/perplexity' is not finite"):
+        validate_reply({**honest, "metric/perplexity": float("nan")}, evaluation)
+    with pytest.raises(ReplyRejected, match="'num_eval_examples' = -3"):
+        validate_reply({**honest, "num_eval_examples": -3}, evaluation)

@@ -59,6 +59,7 @@ SCALAR_RANGES: Mapping[str, tuple[float, float]] = {
     "train_loss": (0.0, float("inf")),
     "tokens": (0, float("inf")),
     "trained_examples": (0, float("inf")),
+    "num_eval_examples": (1, float("inf")),
 }
 """What a reported statistic can be, by name: a loss is never negative, a count never below zero."""
 
@@ -128,6 +129,10 @@ def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) ->
         raise ReplyRejected(str(exc)) from None
     for key, kind in spec.scalars.items():
         _check_scalar(payload, key, kind)
+    # Every number a client reports, declared or not (e.g. its evaluation metrics), must be finite.
+    for key, value in payload.items():
+        if isinstance(value, float) and not np.isfinite(value):
+            raise ReplyRejected(f"scalar '{key}' is not finite ({value})")
     if "num_examples" in spec.scalars:
         _check_weight(payload, spec, client)
     missing = sorted(set(spec.arrays) - set(payload))
