@@ -1,3 +1,10 @@
-"""fedtune: federated fine-tuning of large language models when clients cannot hold the large model."""
+"""fedtune: federated fine-tuning of large language models when clients cannot hold the large model.
 
-__version__ = "0.1.0"
+From Python: ``fedtune.run(config, **overrides)``, ``fedtune.resume(run_dir)`` and
+``fedtune.load(run_dir)`` (the final model, as the run's method defines it); see ``fedtune.api``.
+"""
+
+from fedtune.api import load, resume, run
+from fedtune.version import __version__
+
+__all__ = ["__version__", "load", "resume", "run"]

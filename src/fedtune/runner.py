@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from fedtune import __version__
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
@@ -41,6 +40,7 @@ from fedtune.progress import RunProgress, round_summary, summary_table
 from fedtune.resources import Resources
 from fedtune.rundir import deferred_interrupt, run_dir_lock
 from fedtune.train.loop import peak_rss_mb
+from fedtune.version import __version__
 
 log = logging.getLogger("fedtune")
 
