@@ -120,6 +120,10 @@ class FedConfig(Section):
     min_replies: int = Field(1, ge=1)
     client_timeout: float | None = Field(None, gt=0)
     norm_bound: float | None = Field(None, gt=0)
+    # An adaptive bound on by default: a reply whose update norm (against what the server sent) exceeds
+    # ``screen`` x the median of the call's update norms is rejected; it needs 3 or more such replies
+    # (with 2 the median cannot tell the liar). null turns it off.
+    screen: float | None = Field(10.0, gt=1)
     keep_checkpoints: int = Field(2, ge=1)
     backend: Literal["simulation", "flower"] = "simulation"
     # fp16: float32 arrays of >= 1024 entries travel as fp16 in both directions (half the bytes; the

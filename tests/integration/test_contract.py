@@ -218,3 +218,41 @@ def test_a_client_lying_about_its_statistics_is_rejected(algorithm: str, lie: st
     state_lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))  # type: ignore[arg-type]
     state_absent = load_checkpoint(latest_checkpoint(tmp_path / "absent"))  # type: ignore[arg-type]
     assert_trees_equal(state_lied["algorithm"], state_absent["algorithm"])
+
+
+@pytest.mark.parametrize("attack", ["scaled", "one_huge_entry"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_client_sending_a_huge_update_is_screened_out_by_default(
+    algorithm: str, attack: str, tmp_path: Path
+) -> None:
+    # Prepare: the default config (no fed.norm_bound); one client blows up its fit reply's arrays.
+    if algorithm == "fedmkt":
+        pytest.skip("FedMKT's fit replies are knowledge on public data, not an update of sent weights")
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false")
+    liar = sorted(cfg_clients(cfg))[0]
+
+    def blow_up(value: np.ndarray) -> np.ndarray:
+        if attack == "scaled":
+            return (value * 1e6).astype(value.dtype)
+        huge = value.copy()
+        huge.flat[0] = 3e38
+        return huge
+
+    def lie(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client != liar or task != "fit":
+            return reply
+        return {k: blow_up(v) if is_float(v) and v.size else v for k, v in reply.items()}
+
+    def crash(client: str, task: str, rnd: int) -> None:
+        if client == liar and task == "fit":
+            raise RuntimeError("gone")
+
+    # Execute
+    lied = quiet_runner(cfg, tmp_path / "lied", after_task=lie).run()
+    quiet_runner(cfg, tmp_path / "absent", before_task=crash).run()
+
+    # Assert: rejected with the screen's reason, and the aggregate is the one without that client
+    assert "fed.screen" in lied[1]["rejected"][liar]
+    state_lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))  # type: ignore[arg-type]
+    state_absent = load_checkpoint(latest_checkpoint(tmp_path / "absent"))  # type: ignore[arg-type]
+    assert_trees_equal(state_lied["algorithm"], state_absent["algorithm"])

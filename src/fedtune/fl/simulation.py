@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fedtune.data.records import Record
 from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
 from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
-from fedtune.fl.validation import Expect, ReplyRejected, check_reply
+from fedtune.fl.validation import Expect, ReplyRejected, check_reply, drop_outliers
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
@@ -120,7 +120,7 @@ class InProcessFederation:
             except ReplyRejected as exc:
                 self.traffic.rejected[client] = str(exc)
                 log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
-        return replies
+        return drop_outliers(replies, expect, self.cfg.fed.screen, self.traffic.rejected, self.rnd)
 
     def _run_one(self, client: str, task: str, message: Payload, timeout: float | None) -> Payload | None:
         start = time.perf_counter()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedtune.fl.payload import Payload, PayloadError, check_payload
+
+log = logging.getLogger("fedtune.fl")
 
 
 class ReplyRejected(ValueError):
@@ -92,6 +95,53 @@ def _check_array(key: str, value: object, spec: ArraySpec) -> np.ndarray:
     return value
 
 
+def update_norm(reply: Payload, spec: ReplySpec) -> float | None:
+    """The L2 norm of ``reply``'s arrays minus ``spec.reference`` (None: the spec has no reference)."""
+    if spec.reference is None:
+        return None
+    squared = 0.0
+    for key in spec.arrays:
+        if key in spec.reference and isinstance(reply.get(key), np.ndarray):
+            delta = np.asarray(reply[key], dtype=np.float64) - spec.reference[key].astype(np.float64)
+            squared += float(np.sum(delta * delta))
+    return float(squared**0.5)
+
+
+def screen_replies(
+    replies: Mapping[str, Payload], expect: Expect | None, factor: float | None
+) -> dict[str, str]:
+    """The replies to reject as outliers: update norm above ``factor`` x the median update norm of the
+    call (``fed.screen``), among 3 or more replies whose spec has a reference; client -> reason."""
+    if expect is None or factor is None:
+        return {}
+    norms = {c: n for c, r in replies.items() if (n := update_norm(r, spec_for(expect, c))) is not None}
+    if len(norms) < 3:
+        return {}
+    median = float(np.median(list(norms.values())))
+    limit = factor * median
+    return {
+        c: f"update norm {n:.4g} exceeds {factor:g} x the round's median update norm {median:.4g} "
+        "(fed.screen)"
+        for c, n in norms.items()
+        if n > limit and n > 0
+    }
+
+
+def drop_outliers(
+    replies: Mapping[str, Payload],
+    expect: Expect | None,
+    factor: float | None,
+    rejected: dict[str, str],
+    rnd: int,
+) -> dict[str, Payload]:
+    """``replies`` without ``screen_replies``' outliers, each recorded in ``rejected`` with its reason."""
+    outliers = screen_replies(replies, expect, factor)
+    for client, reason in outliers.items():
+        rejected[client] = reason
+        log.warning("round %d: rejected the reply of client %s: %s", rnd, client, reason)
+    return {client: reply for client, reply in replies.items() if client not in outliers}
+
+
 def _check_weight(payload: Payload, spec: ReplySpec, client: str | None) -> None:
     count = payload["num_examples"]
     if not isinstance(count, int) or count <= 0:
@@ -142,15 +192,9 @@ def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) ->
         extra = sorted(k for k, v in payload.items() if isinstance(v, np.ndarray) and k not in spec.arrays)
         if extra:
             raise ReplyRejected(f"unexpected arrays: {', '.join(extra[:5])}")
-    squared = 0.0
     for key, array_spec in spec.arrays.items():
-        value = _check_array(key, payload[key], array_spec)
-        # The update norm is only needed when bounded (the float64 difference is half the cost).
-        if spec.norm_bound is not None and spec.reference is not None and key in spec.reference:
-            delta = value.astype(np.float64) - spec.reference[key].astype(np.float64)
-            squared += float(np.sum(delta * delta))
-    if spec.norm_bound is not None and spec.reference is not None:
-        norm = squared**0.5
-        if norm > spec.norm_bound:
-            raise ReplyRejected(f"update norm {norm:.4g} exceeds the bound {spec.norm_bound:.4g}")
+        _check_array(key, payload[key], array_spec)
+    norm = update_norm(payload, spec) if spec.norm_bound is not None else None
+    if norm is not None and spec.norm_bound is not None and norm > spec.norm_bound:
+        raise ReplyRejected(f"update norm {norm:.4g} exceeds the bound {spec.norm_bound:.4g}")
     return payload

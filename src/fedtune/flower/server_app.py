@@ -63,6 +63,7 @@ def main(grid: Grid, context: Context) -> None:
             if cfg.flower.client_data == "partition"
             else None,
             wire_dtype=cfg.fed.wire_dtype,
+            screen=cfg.fed.screen,
         )
         connected = fed.wait_for_clients(len(data.clients), cfg.flower.connect_timeout)
         logging.getLogger("fedtune").info("%d of %d clients connected", len(connected), len(data.clients))

@@ -84,8 +84,9 @@ class PerFIT(Algorithm[PerFITConfig]):
             self._collect_masks(searching, clients, fed)
         ready = [c for c in sampled if c in self.masks]
         masks = {c: self.unpacked(c) for c in ready}
-        expect = {c: fit_spec(masks[c], self.cfg.fed.norm_bound, fed.client_sizes) for c in ready}
         messages = {c: self._start_message(rnd, c, masks[c]) for c in ready}
+        bound, sizes = self.cfg.fed.norm_bound, fed.client_sizes
+        expect = {c: fit_spec(masks[c], bound, sizes, arrays(messages[c], VALUES) or None) for c in ready}
         replies = fed.call(ready, "fit", messages, timeout=self.cfg.fed.client_timeout, expect=expect)
         self.require_replies(replies, sampled, fed.traffic)
         trained = list(replies)

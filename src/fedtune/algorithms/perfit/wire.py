@@ -49,8 +49,15 @@ def search_spec(shapes: Mapping[str, tuple[int, ...]], example_limits: Mapping[s
 
 
 def fit_spec(
-    masks: Mapping[str, np.ndarray], norm_bound: float | None, example_limits: Mapping[str, int]
+    masks: Mapping[str, np.ndarray],
+    norm_bound: float | None,
+    example_limits: Mapping[str, int],
+    sent: Mapping[str, np.ndarray] | None = None,
 ) -> ReplySpec:
-    """A valid ``fit`` reply from the client holding ``masks``: exactly its masked values."""
+    """A valid ``fit`` reply from the client holding ``masks``: exactly its masked values; with ``sent``
+    (the values the client started from, G at its mask) the update norm is measured against them."""
     arrays_spec = {VALUES + k: ArraySpec((int(m.sum()),), "float32") for k, m in masks.items()}
-    return ReplySpec(arrays_spec, REPLY_SCALARS, norm_bound=norm_bound, example_limits=example_limits)
+    reference = None if sent is None else {VALUES + k: v for k, v in sent.items()}
+    return ReplySpec(
+        arrays_spec, REPLY_SCALARS, norm_bound=norm_bound, reference=reference, example_limits=example_limits
+    )

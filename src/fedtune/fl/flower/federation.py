@@ -27,7 +27,7 @@ from fedtune.fl.federation import Traffic, per_client_payload, seeded_sample
 from fedtune.fl.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
 from fedtune.fl.payload import Payload, PayloadError, from_wire, payload_nbytes, to_wire
 from fedtune.fl.simulation import TapHook
-from fedtune.fl.validation import Expect, ReplyRejected, check_reply
+from fedtune.fl.validation import Expect, ReplyRejected, check_reply, drop_outliers
 
 log = logging.getLogger("fedtune.fl")
 
@@ -53,9 +53,11 @@ class GridFederation:
         tap: TapHook | None = None,
         client_sizes: Mapping[str, int] | None = None,
         wire_dtype: str = "fp32",
+        screen: float | None = None,
     ) -> None:
         self.grid = grid
         self.wire_dtype = wire_dtype
+        self.screen = screen
         self.client_sizes = dict(client_sizes or {})
         self._client_ids = list(client_ids)
         self.seed = seed
@@ -199,7 +201,8 @@ class GridFederation:
             checked = self._accept(client, task, reply, expect, wait)
             if checked is not None:
                 accepted[client] = checked
-        return {client: accepted[client] for client in clients if client in accepted}
+        ordered = {client: accepted[client] for client in clients if client in accepted}
+        return drop_outliers(ordered, expect, self.screen, self.traffic.rejected, self.rnd)
 
     def _accept(
         self, client: str, task: str, reply: Message, expect: Expect | None, wait: float
