@@ -121,3 +121,17 @@ def test_fedtune_eval_scores_the_final_llm_like_the_last_round(tmp_path: Path) -
     history, _ = tapped_run(tmp_path)
     result = evaluate_run(tmp_path)
     assert result.metrics["perplexity"] == pytest.approx(history[-1]["eval"]["perplexity"], rel=1e-4)
+
+
+def test_a_client_claiming_an_impossible_loss_cannot_win_dual_min_ce(tmp_path: Path) -> None:
+    # A negative per-sample loss would beat the LLM's on every public sample (DualMinCE keeps the lower).
+    cfg = tiny_config("fedmkt", "fed.rounds=1", "eval.before=false")
+
+    def negative(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client == "c00" and task == "fit":
+            return {**reply, PUBLIC + "loss": -np.abs(np.asarray(reply[PUBLIC + "loss"])) - 1.0}
+        return reply
+
+    history = quiet_runner(cfg, tmp_path / "run", after_task=negative).run()
+
+    assert "cross-entropy cannot be" in history[1]["rejected"]["c00"]

@@ -126,7 +126,7 @@ def test_knowledge_round_trips_through_the_wire_in_fp16_and_narrow_ids() -> None
     knowledge = Knowledge(
         np.array([0.5, 1.5, 2.5], dtype=np.float32),
         [rng.integers(0, 300, size=(n, 4)) for n in counts],
-        [rng.normal(size=(n, 4)).astype(np.float32) for n in counts],
+        [np.sort(rng.normal(size=(n, 4)), axis=1)[:, ::-1].astype(np.float32) for n in counts],
     )
 
     payload = knowledge.pack("p/", vocab_size=300)
@@ -140,6 +140,28 @@ def test_knowledge_round_trips_through_the_wire_in_fp16_and_narrow_ids() -> None
         assert np.array_equal(sent, got)
     for sent, got in zip(knowledge.values, back.values, strict=True):
         assert np.allclose(sent, got, atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("losses", "values", "reason"),
+    [
+        ([-1.0, 0.5], [[2.0, 1.0], [0.5, 0.1]], "negative"),
+        ([1.0, 0.5], [[65504.0, 1.0], [0.5, 0.1]], "beyond"),
+        ([1.0, 0.5], [[1.0, 2.0], [0.5, 0.1]], "descending"),
+    ],
+)
+def test_knowledge_a_model_cannot_produce_is_refused(
+    losses: list[float], values: list[list[float]], reason: str
+) -> None:
+    # A negative loss would win DualMinCE on every sample; garbage logits would be distilled.
+    knowledge = Knowledge(
+        np.array(losses, dtype=np.float32),
+        [np.array([[1, 2]]), np.array([[3, 4]])],
+        [np.array([row], dtype=np.float32) for row in values],
+    )
+
+    with pytest.raises(ValueError, match=reason):
+        unpack_knowledge(knowledge.pack("p/", vocab_size=300), "p/", [1, 1], 300, 2)
 
 
 def test_unpack_rejects_ids_outside_the_senders_vocabulary_and_wrong_counts() -> None:

@@ -204,6 +204,23 @@ def _field(
     return unfilter(np.frombuffer(raw, np.uint8))
 
 
+MAX_LOGIT = 1e4
+"""A bound no real model's logit reaches (fp16 carries up to 65504): larger values are garbage."""
+
+
+def check_knowledge_values(prefix: str, losses: np.ndarray, values: np.ndarray) -> None:
+    """Knowledge that means what it says: each loss a cross-entropy (finite, >= 0), each row of top-k
+    logits finite, within ``MAX_LOGIT`` and in descending order (a top-k is sorted)."""
+    if not np.all(np.isfinite(losses)) or (losses.size and float(losses.min()) < 0):
+        raise ValueError(f"'{prefix + LOSS}' holds a loss a cross-entropy cannot be (negative or not finite)")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"'{prefix + VALUES}' contains NaN or Inf")
+    if values.size and float(np.abs(values).max()) > MAX_LOGIT:
+        raise ValueError(f"'{prefix + VALUES}' holds a logit beyond {MAX_LOGIT:g}")
+    if values.shape[-1] > 1 and bool(np.any(np.diff(values, axis=-1) > 0)):
+        raise ValueError(f"'{prefix + VALUES}' is not a top-k: a row's values are not in descending order")
+
+
 def unpack_knowledge(
     payload: Payload, prefix: str, counts: Sequence[int], vocab_size: int, top_k: int
 ) -> Knowledge:
@@ -238,8 +255,7 @@ def unpack_knowledge(
     ).astype(np.float32)
     if ids.shape != shape or values.shape != shape:
         raise ValueError(f"'{prefix}' top-k of shape {ids.shape} / {values.shape}, expected {shape}")
-    if not np.all(np.isfinite(values)):
-        raise ValueError(f"'{prefix + VALUES}' contains NaN or Inf")
+    check_knowledge_values(prefix, losses, values)
     if ids.size and int(ids.max()) >= vocab_size:
         raise ValueError(
             f"'{prefix + IDS}' holds token id {int(ids.max())} of a {vocab_size}-token vocabulary"
