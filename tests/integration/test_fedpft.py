@@ -215,3 +215,33 @@ def test_a_resumed_run_reports_every_distillation_once(tmp_path: Path) -> None:
     # The initial distillation and the neuron-level ones after rounds 1 and 2, as uninterrupted.
     assert [entry[0] for entry in log("full")] == [0.0, 1.0, 2.0]
     assert log("cut") == log("full")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"positions": -(10**6)}, "positions"),
+        ({"positions": 0}, "positions"),
+        ("scaled", "counts outside"),
+    ],
+)
+def test_apoz_replies_a_client_cannot_have_counted_are_rejected(
+    tmp_path: Path, change: Any, reason: str
+) -> None:
+    # Prepare: client c00's APoZ reply lies; the others' are honest.
+    def lie(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client != "c00" or task != "apoz":
+            return reply
+        if change == "scaled":
+            return {k: v * 1e30 if isinstance(v, np.ndarray) else v for k, v in reply.items()}
+        return {**reply, **change}
+
+    cfg = tiny_config("fedpft", "fed.rounds=2")
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run", after_task=lie).run()
+
+    # Assert: the run goes on without it, with the reason and only honest clients' APoZ
+    apoz_row = next(row for row in history if "apoz_clients" in row)
+    assert reason in apoz_row["rejected"]["c00"]
+    assert apoz_row["apoz_clients"] == 3 and 0 <= apoz_row["apoz_mean"] <= 1

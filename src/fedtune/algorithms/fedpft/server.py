@@ -21,6 +21,7 @@ from fedtune.algorithms.fedpft.wire import (
     TUNED,
     Layout,
     apoz_counts_of,
+    apoz_problem,
     apoz_spec,
     arrays_of,
     broadcast_parts,
@@ -222,12 +223,23 @@ class FedPFT(Algorithm[FedPFTConfig]):
             and rnd < self.cfg.fed.rounds
         )
 
+    def _apoz_positions(self, client_id: str, fed: Federation) -> int:
+        """The most token positions ``client_id`` can count: the examples it samples (``apoz_examples``,
+        at most its data) x ``data.max_length``; unbounded when neither is known."""
+        known = [n for n in (self.section.apoz_examples, fed.client_sizes.get(client_id)) if n]
+        return min(known) * self.cfg.data.max_length if known else 2**62
+
     def _neuron_distillation(self, rnd: int, clients: list[str], fed: Federation) -> dict[str, float]:
         """Eq. 14: the clients' APoZ picks the neurons to keep; the rest re-align on public data."""
         assert self.layout is not None
         messages = {client: self.message(client) for client in clients}
         spec = apoz_spec(self.layout)
         replies = fed.call(clients, "apoz", messages, timeout=self.cfg.fed.client_timeout, expect=spec)
+        for client_id in list(replies):
+            problem = apoz_problem(replies[client_id], self._apoz_positions(client_id, fed))
+            if problem is not None:
+                fed.traffic.rejected[client_id] = problem
+                del replies[client_id]
         if not replies:
             return {"apoz_clients": 0.0}
         apoz = aggregate_apoz([apoz_counts_of(r) for r in replies.values()])

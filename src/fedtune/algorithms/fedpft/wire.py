@@ -223,6 +223,18 @@ def apoz_counts_of(reply: Payload) -> dict[int, tuple[np.ndarray, int]]:
     return {int(k): (np.asarray(v), int(reply["positions"])) for k, v in arrays(reply, APOZ).items()}
 
 
+def apoz_problem(reply: Payload, max_positions: int) -> str | None:
+    """Why an ``apoz`` reply cannot be what it claims, or None: ``positions`` is a token count in
+    [1, ``max_positions``] and every neuron's count of non-positive activations lies in [0, positions]."""
+    positions = int(reply["positions"])
+    if not 1 <= positions <= max_positions:
+        return f"apoz: positions {positions} outside [1, {max_positions}] (the tokens the client could count)"
+    for key, counts in arrays(reply, APOZ).items():
+        if counts.size and (float(counts.min()) < 0 or float(counts.max()) > positions):
+            return f"apoz: '{APOZ}{key}' holds counts outside [0, positions = {positions}]"
+    return None
+
+
 def parameter_counts(full: nn.Module, client: nn.Module, layout: Layout | None) -> dict[str, int]:
     """Parameter counts: the full model, the client model, what trains, the FFNs of both."""
     return {
