@@ -124,6 +124,11 @@ class FedConfig(Section):
     # ``screen`` x the median of the call's update norms is rejected; it needs 3 or more such replies
     # (with 2 the median cannot tell the liar). null turns it off.
     screen: float | None = Field(10.0, gt=1)
+    # How the server combines client tensors: "mean" (weighted by example count, the methods' own rule),
+    # or, robust to a few lying clients, the coordinate-wise "median" or "trimmed_mean" (unweighted;
+    # ``trim`` is the share of values dropped at each end of every coordinate).
+    aggregator: Literal["mean", "median", "trimmed_mean"] = "mean"
+    trim: float = Field(0.2, ge=0, lt=0.5)
     keep_checkpoints: int = Field(2, ge=1)
     backend: Literal["simulation", "flower"] = "simulation"
     # fp16: float32 arrays of >= 1024 entries travel as fp16 in both directions (half the bytes; the

@@ -195,3 +195,18 @@ def test_the_no_aggregation_ablation_needs_own_starts() -> None:
         assert "perfit.start: own" in str(error)
     else:
         raise AssertionError("perfit.aggregate=false with perfit.start=global was accepted")
+
+
+def test_perfit_takes_the_per_entry_median_and_refuses_a_trimmed_mean(tmp_path: Path) -> None:
+    median = tiny_config("perfit", "fed.rounds=1", "eval.before=false", "fed.aggregator=median")
+    trimmed = tiny_config("perfit", "fed.rounds=1", "eval.before=false", "fed.aggregator=trimmed_mean")
+
+    history = quiet_runner(median, tmp_path / "median").run()
+
+    assert history[1]["train_loss"] > 0
+    try:
+        quiet_runner(trimmed, tmp_path / "trimmed").run()
+    except ConfigError as error:
+        assert "fed.aggregator" in str(error) and "median" in str(error)
+    else:
+        raise AssertionError("PerFIT ran with fed.aggregator=trimmed_mean")

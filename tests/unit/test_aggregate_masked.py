@@ -89,3 +89,44 @@ def test_per_client_reply_specs() -> None:
     with pytest.raises(ReplyRejected, match="no reply spec for client c2"):
         check_reply({"v": np.ones(2, np.float32)}, expect, "c2")
     assert check_reply({"anything": 1}, None, "c2") == {"anything": 1}
+
+
+def test_coordinate_median_and_trimmed_mean_ignore_one_liar() -> None:
+    from fedtune.fl.aggregate import coordinate_median, robust_aggregate, trimmed_mean
+
+    honest = [{"w": np.array([1.0, 2.0], dtype=np.float32)}, {"w": np.array([3.0, 4.0], dtype=np.float32)}]
+    states = [
+        *honest,
+        {"w": np.array([2.0, 3.0], dtype=np.float32)},
+        {"w": np.array([1e6, -1e6], np.float32)},
+    ]
+
+    median = coordinate_median(states)
+    trimmed = trimmed_mean(states, 0.25)  # drops the lowest and the highest of 4 at every coordinate
+
+    np.testing.assert_allclose(median["w"], [2.5, 2.5])
+    np.testing.assert_allclose(trimmed["w"], [2.5, 2.5])
+    assert median["w"].dtype == np.float32
+    np.testing.assert_allclose(
+        robust_aggregate(states, [1, 1, 1, 1], "mean", 0.0)["w"], [250001.5, -249997.75]
+    )
+
+
+def test_masked_median_is_each_entrys_median_over_its_holders() -> None:
+    from fedtune.fl.aggregate import masked_median
+
+    states = [
+        {"w": np.array([1.0, 5.0, 0.0])},
+        {"w": np.array([3.0, 0.0, 0.0])},
+        {"w": np.array([9.0, 7.0, 0.0])},
+    ]
+    masks = [
+        {"w": np.array([1, 1, 0], bool)},
+        {"w": np.array([1, 0, 0], bool)},
+        {"w": np.array([1, 1, 0], bool)},
+    ]
+
+    median, held = masked_median(states, masks)
+
+    np.testing.assert_allclose(median["w"], [3.0, 6.0, 0.0])
+    np.testing.assert_array_equal(held["w"], [3, 2, 0])

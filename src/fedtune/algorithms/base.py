@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -30,6 +30,7 @@ from fedtune.eval.evaluate import (
     payload_result,
     result_payload,
 )
+from fedtune.fl.aggregate import robust_aggregate
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
@@ -184,6 +185,12 @@ class Algorithm(ABC, Generic[SectionT]):
         """The final model (the default: ``final_adapter`` on the run's ``model:``); a method whose
         final model is something else overrides this."""
         return load_adapter_model(run.cfg, run.run_dir)
+
+    def aggregate(
+        self, states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+    ) -> dict[str, np.ndarray]:
+        """The clients' tensors combined by ``fed.aggregator``: the weighted mean, or a robust rule."""
+        return robust_aggregate(states, weights, self.cfg.fed.aggregator, self.cfg.fed.trim)
 
     def clients_per_round(self, fed: Federation) -> int:
         fed_cfg = self.cfg.fed

@@ -28,7 +28,6 @@ from fedtune.algorithms.adapters import (
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.config import AlgorithmConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
-from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 
@@ -80,7 +79,7 @@ class FedAvgM(Algorithm[FedAvgMConfig]):
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         message: Payload = {ADAPTER + key: value for key, value in self.global_adapter.items()}
         sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
-        average = weighted_average([arrays(reply, ADAPTER) for reply in replies.values()], weights)
+        average = self.aggregate([arrays(reply, ADAPTER) for reply in replies.values()], weights)
         self.global_adapter, self.velocity = momentum_step(
             self.global_adapter,
             average,

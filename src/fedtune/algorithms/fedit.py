@@ -30,7 +30,7 @@ from fedtune.algorithms.adapters import (
 from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, personal_reply
 from fedtune.config import AlgorithmConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet, mean_results, payload_result, result_payload
-from fedtune.fl.aggregate import server_step, weighted_average
+from fedtune.fl.aggregate import server_step
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 
@@ -108,7 +108,7 @@ class FedIT(Algorithm[FedITConfig]):
             sampled, replies, weights = collect_adapters(
                 self, fed, rnd, self.global_adapter, self._broadcast()
             )
-            average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
+            average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
             self.global_adapter = server_step(self.global_adapter, average, self.section.server_lr)
             return fit_round_result(sampled, replies, weights)
         # Standalone: only a client that holds no adapter yet is sent the initial one.

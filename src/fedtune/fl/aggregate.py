@@ -31,6 +31,45 @@ def weighted_average(
     return result
 
 
+def coordinate_median(states: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The median of every coordinate over K same-keyed states (unweighted: a weight is a claim a client
+    makes, and a robust rule must not let one claim move the result). Keeps each array's dtype."""
+    if not states:
+        raise ValueError("coordinate_median needs at least one state")
+    return {
+        key: np.median(np.stack([s[key].astype(np.float64) for s in states]), axis=0).astype(first.dtype)
+        for key, first in states[0].items()
+    }
+
+
+def trimmed_mean(states: Sequence[Mapping[str, np.ndarray]], trim: float) -> dict[str, np.ndarray]:
+    """Per coordinate, the mean of the K values left after dropping the ``floor(trim K)`` lowest and as
+    many highest (unweighted). ``trim`` in [0, 0.5); 0 is the plain mean."""
+    if not states:
+        raise ValueError("trimmed_mean needs at least one state")
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    cut = int(np.floor(trim * len(states)))
+    result = {}
+    for key, first in states[0].items():
+        ordered = np.sort(np.stack([s[key].astype(np.float64) for s in states]), axis=0)
+        result[key] = ordered[cut : len(states) - cut].mean(axis=0).astype(first.dtype)
+    return result
+
+
+def robust_aggregate(
+    states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], aggregator: str, trim: float
+) -> dict[str, np.ndarray]:
+    """``fed.aggregator``: ``mean`` (weighted by ``weights``), ``median`` or ``trimmed_mean``."""
+    if aggregator == "mean":
+        return weighted_average(states, weights)
+    if aggregator == "median":
+        return coordinate_median(states)
+    if aggregator == "trimmed_mean":
+        return trimmed_mean(states, trim)
+    raise ValueError(f"unknown aggregator {aggregator!r}: mean, median or trimmed_mean")
+
+
 def server_step(
     current: Mapping[str, np.ndarray], average: Mapping[str, np.ndarray], server_lr: float
 ) -> dict[str, np.ndarray]:
@@ -79,6 +118,25 @@ def masked_average(
         mean[key] = np.where(denominator > 0, numerator / safe, 0.0).astype(first.dtype)
         held[key] = count
     return mean, held
+
+
+def masked_median(
+    states: Sequence[Mapping[str, np.ndarray]], masks: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``masked_average``'s robust counterpart: every entry's median over the clients whose mask holds
+    it (unweighted); ``(median, held)``, an entry no client holds is 0 with ``held`` 0."""
+    if not states or len(states) != len(masks):
+        raise ValueError(f"{len(states)} states, {len(masks)} masks")
+    median, held = {}, {}
+    for key, first in states[0].items():
+        values = np.stack([s[key].astype(np.float64) for s in states])
+        held_by = np.stack([np.asarray(m[key], dtype=bool) for m in masks])
+        count = held_by.sum(axis=0).astype(np.int32)
+        # An entry no client holds takes 0 from every client, so no slice is all NaN.
+        filled = np.where(held_by, values, np.where(count == 0, 0.0, np.nan))
+        median[key] = np.nanmedian(filled, axis=0).astype(first.dtype)
+        held[key] = count
+    return median, held
 
 
 def apply_mask(state: Mapping[str, np.ndarray], mask: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

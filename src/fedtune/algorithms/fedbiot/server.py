@@ -39,7 +39,6 @@ from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
-from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import VersionedBroadcast, load_npz, save_npz
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -202,7 +201,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         for client in sampled:
             if client not in replies:
                 self.broadcast.forget(client)
-        average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
+        average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
         self.global_adapter = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
             "emulator_version": float(self.emulator_version),

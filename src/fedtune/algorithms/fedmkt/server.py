@@ -34,7 +34,6 @@ from fedtune.algorithms.fedmkt.wire import (
 from fedtune.algorithms.local import REPLY_SCALARS
 from fedtune.data.records import Record
 from fedtune.eval.evaluate import EvalResult, EvalSet
-from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ArraySpec, ReplySpec
@@ -190,7 +189,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
         message: Payload = {"round": rnd, **llm_knowledge.pack(LLM, vocab, compress=self.section.compress)}
         if self.section.slm_fedavg:
             adapters = [arrays(replies[c], ADAPTER) for c in trained]
-            average = weighted_average(adapters, [int(replies[c]["num_examples"]) for c in trained])
+            average = self.aggregate(adapters, [int(replies[c]["num_examples"]) for c in trained])
             message.update({ADAPTER + k: v for k, v in average.items()})
         return message
 

@@ -43,7 +43,6 @@ from fedtune.data.classify import (
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet
-from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.broadcast import save_npz
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
@@ -202,7 +201,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
                 self.broadcast.forget(client)
         self.require_replies(replies, sampled, fed.traffic)
         weights = [int(r["num_examples"]) for r in replies.values()]
-        average = weighted_average([arrays(r, TUNED) for r in replies.values()], weights)
+        average = self.aggregate([arrays(r, TUNED) for r in replies.values()], weights)
         self.global_state = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
             "ffn_version": float(self.ffn_version),

@@ -38,7 +38,6 @@ from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
-from fedtune.fl.aggregate import weighted_average
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.models.lora import adapter_arrays, load_adapter
@@ -134,7 +133,7 @@ class FedPT(Algorithm[FedPTConfig]):
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
         sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
-        average = weighted_average([arrays(r, ADAPTER) for r in replies.values()], weights)
+        average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
         kd_stats: dict[str, float] = {}
         if self.section.distill:
             average, kd_stats = self._distill(rnd, server, average)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fedtune.algorithms.perfit.config import Importance
-from fedtune.fl.aggregate import masked_average
+from fedtune.fl.aggregate import masked_average, masked_median
 from fedtune.models.lora import adapter_parameters, load_adapter
 from fedtune.train.losses import response_nll
 
@@ -152,15 +152,17 @@ def update_global(
     states: Sequence[Mapping[str, np.ndarray]],
     masks: Sequence[Mapping[str, np.ndarray]],
     weights: Sequence[float],
+    median: bool = False,
 ) -> dict[str, np.ndarray]:
     """Alg. 3 on the server's dense expanded module G (sec. 4.1 step 4).
 
     global_module: G, one array per adapter key. states, masks: the round's K trained clients' dense
     values (zero outside their mask) and boolean masks, each of G's shapes. weights: K example counts.
     Every entry some client holds becomes the weighted mean over the clients holding it; an entry no
-    client of this round holds keeps G's value. Returns the new G (G's dtypes).
+    client of this round holds keeps G's value; ``median``: the per-entry median over the holders
+    instead (``fed.aggregator: median``). Returns the new G (G's dtypes).
     """
-    mean, held = masked_average(states, masks, weights)
+    mean, held = masked_median(states, masks) if median else masked_average(states, masks, weights)
     return {
         key: np.where(held[key] > 0, mean[key], value).astype(value.dtype)
         for key, value in global_module.items()

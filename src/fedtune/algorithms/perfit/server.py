@@ -24,8 +24,9 @@ from fedtune.algorithms.final import FinalModel, FinalModelError, FinalRun
 from fedtune.algorithms.perfit.config import PerFITConfig
 from fedtune.algorithms.perfit.maths import budget_rank, kept_count, symmetric_init, update_global
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
+from fedtune.config import ConfigError
 from fedtune.eval.evaluate import EvalResult, EvalSet
-from fedtune.fl.aggregate import gather_masked, masked_average, scatter_masked, unpack_mask
+from fedtune.fl.aggregate import gather_masked, masked_average, masked_median, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.resources import Resources
@@ -70,6 +71,11 @@ class PerFIT(Algorithm[PerFITConfig]):
         return bool(self.section.start == "global")
 
     def setup(self, server: ServerContext) -> None:
+        if self.cfg.fed.aggregator == "trimmed_mean":
+            raise ConfigError(
+                "fed.aggregator: trimmed_mean does not fit PerFIT: each entry is averaged over its own "
+                "holders, often too few to trim; use median (per entry, over its holders) or mean"
+            )
         self.shapes = self.module_shapes(server.resources)
         if self.starts_global:
             # The same symmetric init every client searched with (Alg. 2's Delta theta_0).
@@ -93,9 +99,9 @@ class PerFIT(Algorithm[PerFITConfig]):
         weights = [int(replies[c]["num_examples"]) for c in trained]
         if self.starts_global:
             states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
-            self.global_module = update_global(
-                self.global_module, states, [masks[c] for c in trained], weights
-            )
+            median = self.cfg.fed.aggregator == "median"
+            held = [masks[c] for c in trained]
+            self.global_module = update_global(self.global_module, states, held, weights, median)
         elif self.section.aggregate:
             self._send_masked_mean(trained, {c: replies[c] for c in trained}, masks, weights, fed)
         kept = sum(int(m.sum()) for c in trained for m in masks[c].values()) / max(1, len(trained))
@@ -112,7 +118,11 @@ class PerFIT(Algorithm[PerFITConfig]):
         """Alg. 3: every entry's example-weighted mean over the clients holding it; each trained client
         receives the mean at its own entries."""
         states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
-        mean, _ = masked_average(states, [masks[c] for c in trained], weights)
+        held = [masks[c] for c in trained]
+        if self.cfg.fed.aggregator == "median":
+            mean, _ = masked_median(states, held)
+        else:
+            mean, _ = masked_average(states, held, weights)
         personal = {c: values_payload(gather_masked(mean, masks[c])) for c in trained}
         fed.call(trained, "update", personal, timeout=self.cfg.fed.client_timeout)
 
