@@ -135,3 +135,14 @@ def test_a_client_claiming_an_impossible_loss_cannot_win_dual_min_ce(tmp_path: P
     history = quiet_runner(cfg, tmp_path / "run", after_task=negative).run()
 
     assert "cross-entropy cannot be" in history[1]["rejected"]["c00"]
+
+
+def test_a_top_k_beyond_a_vocabulary_names_the_key_before_anything_runs(tmp_path: Path) -> None:
+    cfg = tiny_config("fedmkt", "fedmkt.top_k=100000")
+
+    with pytest.raises(ConfigError, match=r"fedmkt\.top_k 100000 exceeds the \d+-token vocabulary"):
+        quiet_runner(cfg, tmp_path / "run").run()
+
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").iterdir()
+    )

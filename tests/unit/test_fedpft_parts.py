@@ -91,3 +91,11 @@ def test_an_explicit_lora_target_list_replaces_the_attention_default(name: str, 
     assert len(default) == 4 * 4  # auto: q, k, v, o in each of the 4 layers
     assert len(chosen) == 4 and all(f".{targets[0]}." in k for k in chosen)
     assert chosen < default
+
+
+def test_an_empty_label_list_is_an_error_not_unset() -> None:
+    from fedtune.config import ConfigError
+    from tests.integration.helpers import tiny_config
+
+    with pytest.raises(ConfigError, match=r"fedpft\.labels"):
+        tiny_config("fedpft", "fedpft.labels=[]")

@@ -284,3 +284,15 @@ def test_json_with_a_byte_order_mark_loads_like_csv(suffix: str, tmp_path: Path)
 def test_an_unknown_dataset_name_lists_the_built_in_ones() -> None:
     with pytest.raises(DataError, match=r"did you mean 'wordnet-instruct'.*built-in: .*arith-word-problems"):
         load_dataset_records("wordnet-instrukt", "train")
+
+
+def test_errors_name_the_config_keys_that_fix_them(tmp_path: Path) -> None:
+    unknown = tmp_path / "rows.dat"
+    unknown.write_text("{}")
+    odd = tmp_path / "rows.jsonl"
+    odd.write_text('{"question": "q", "answer": "a"}\n')
+
+    with pytest.raises(DataError, match=r"set data\.format"):
+        load_records(unknown)
+    with pytest.raises(DataError, match=r"set data\.schema"):
+        load_records(odd)

@@ -108,7 +108,8 @@ def _resolve_format(path: str | Path, format: str) -> str:
         if name.endswith(extension):
             return detected
     raise DataError(
-        f"{path}: cannot tell the format from the extension; pass format= one of {', '.join(FORMATS[1:])}"
+        f"{path}: cannot tell the format from the extension; "
+        f"set data.format to one of {', '.join(FORMATS[1:])}"
     )
 
 
@@ -231,7 +232,8 @@ def _detect_schema(row: dict[str, Any], where: str) -> str:
         return "dolly" if "context" in row else "alpaca"
     raise DataError(
         f"{where}: cannot detect the schema from fields {sorted(row)}; expected Alpaca (instruction, input, "
-        "output) or Dolly (instruction, context, response); pass schema= or field_map="
+        "output) or Dolly (instruction, context, response); set data.schema (alpaca or dolly) and name the "
+        "fields as that schema does"
     )
 
 

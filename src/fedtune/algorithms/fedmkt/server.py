@@ -32,6 +32,7 @@ from fedtune.algorithms.fedmkt.wire import (
     unpack_knowledge,
 )
 from fedtune.algorithms.local import REPLY_SCALARS
+from fedtune.config import ConfigError
 from fedtune.data.records import Record
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
@@ -69,6 +70,13 @@ class FedMKT(Algorithm[FedMKTConfig]):
     # ----- setup and round -------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         self._resources = server.resources
+        for spec in {self.server_model_spec(), *(self.client_model_spec(c) for c in server.client_sizes)}:
+            vocab = len(server.resources.tokenizer(spec))
+            if self.section.top_k > vocab:
+                raise ConfigError(
+                    f"fedmkt.top_k {self.section.top_k} exceeds the {vocab}-token vocabulary of {spec.name}: "
+                    f"set fedmkt.top_k <= {vocab}"
+                )
         _, _, initial = client.lora_model(self.cfg, server.resources, self.server_model_spec())
         if not self.llm_adapter:
             self.llm_adapter = dict(initial)

@@ -54,4 +54,9 @@ class FedPFTConfig(AlgorithmConfig):
                 "fedpft.edge_layers 0 leaves FedOT no adapter layer to train: "
                 "set edge_layers >= 1 or emulator_lora: true"
             )
+        if self.labels is not None and len(self.labels) < 2:
+            raise ValueError(
+                "fedpft.labels names the classes in order: give two or more, or leave it out to read them "
+                "from the dataset"
+            )
         return self
