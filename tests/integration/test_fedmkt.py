@@ -146,3 +146,12 @@ def test_a_top_k_beyond_a_vocabulary_names_the_key_before_anything_runs(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists() or not any(
         (tmp_path / "run" / "checkpoints").iterdir()
     )
+
+
+def test_a_client_model_that_does_not_exist_names_its_key(tmp_path: Path) -> None:
+    cfg = tiny_config("fedmkt", "fedmkt.clients=[tiny-llama-bpe,no-such-model-xyz]")
+
+    with pytest.raises(ConfigError, match=r"fedmkt\.clients\[1\]: 'no-such-model-xyz' is not"):
+        quiet_runner(cfg, tmp_path / "run").run()
+
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -291,7 +291,13 @@ def load_tokenizer(
         tokenizer: PreTrainedTokenizerBase = tiny_tokenizer(tiny.tokenizer)
     else:
         # "encoder": any kind of model (a sequence classifier's party needs its tokenizer too).
-        tokenizer = AutoTokenizer.from_pretrained(resolve_source(name, "encoder", cache_dir, gguf_file))
+        source = resolve_source(name, "encoder", cache_dir, gguf_file)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except OSError as err:
+            if isinstance(source, Path):
+                raise
+            raise _not_found(name, err) from err
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError(

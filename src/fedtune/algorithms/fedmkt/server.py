@@ -38,6 +38,7 @@ from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ArraySpec, ReplySpec
+from fedtune.models.loading import ModelError
 from fedtune.models.lora import adapter_arrays, adapter_parameters, load_adapter
 from fedtune.models.spec import ModelSpec
 from fedtune.resources import Resources
@@ -71,7 +72,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
     def setup(self, server: ServerContext) -> None:
         self._resources = server.resources
         for spec in {self.server_model_spec(), *(self.client_model_spec(c) for c in server.client_sizes)}:
-            vocab = len(server.resources.tokenizer(spec))
+            vocab = self._vocabulary(server, spec)
             if self.section.top_k > vocab:
                 raise ConfigError(
                     f"fedmkt.top_k {self.section.top_k} exceeds the {vocab}-token vocabulary of {spec.name}: "
@@ -86,6 +87,16 @@ class FedMKT(Algorithm[FedMKTConfig]):
                 raise ValueError(
                     "fedmkt.slm_fedavg averages the clients' LoRA: every client must hold the same SLM"
                 )
+
+    def _vocabulary(self, server: ServerContext, spec: ModelSpec) -> int:
+        """``spec``'s vocabulary size; a model that cannot be found names the config key that chose it."""
+        try:
+            return len(server.resources.tokenizer(spec))
+        except ModelError as exc:
+            keys = [
+                f"fedmkt.clients[{i}]" for i, name in enumerate(self.section.clients) if name == spec.name
+            ]
+            raise ConfigError(f"{', '.join(keys) or 'model.name'}: {exc}") from None
 
     def _fit_specs(
         self, server: ServerContext, clients: Sequence[str], fed: Federation
