@@ -69,3 +69,14 @@ def test_a_non_finite_personal_metric_is_rejected_and_left_out(algorithm: str, t
     others = [v["perplexity"] for v in row["eval_by_client"].values()]
     assert row["eval"]["personal/perplexity"] == pytest.approx(sum(others) / len(others))
     assert "not finite" in row["rejected"]["c00"]
+
+
+def test_clients_too_small_for_a_held_out_split_are_an_error_naming_the_keys(tmp_path: Path) -> None:
+    from fedtune.data.records import DataError
+
+    cfg = tiny_config("fedmkt", "data.max_train_examples=8", "data.partition.num_clients=8")
+
+    with pytest.raises(DataError, match=r"data\.partition\.num_clients"):
+        quiet_runner(cfg, tmp_path / "run").run()
+
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fedtune.config import ExperimentConfig
 from fedtune.data.fingerprint import absolute_data_path
 from fedtune.data.partition import holdout_split, partition_records
-from fedtune.data.records import Record
+from fedtune.data.records import DataError, Record
 
 
 @dataclass
@@ -85,6 +85,13 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
     if cfg.eval.personal:
         for cid in list(clients):
             clients[cid], client_eval[cid] = holdout_split(clients[cid], data.holdout, cfg.seed, cid)
+        empty = sorted(cid for cid, held in client_eval.items() if not held)
+        if empty and data.holdout > 0:  # with holdout 0 a method scores clients elsewhere (fedmkt.slm_eval)
+            raise DataError(
+                f"eval.personal: {len(empty)} client(s) hold too few records for a held-out split "
+                f"(e.g. {empty[0]}, with {len(clients[empty[0]])}): lower data.partition.num_clients, raise "
+                "data.max_train_examples or data.holdout, or set eval.personal: false"
+            )
     return RunData(clients, eval_records, public, validation, extra, client_eval)
 
 
