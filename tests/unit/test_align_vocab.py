@@ -117,3 +117,13 @@ def test_stats_count_exact_near_and_far() -> None:
 
     assert (stats.exact, stats.near, stats.far) == (1, 1, 2)
     assert stats.histogram == {0: 1, 1: 1, 3: 1, 4: 1}
+
+
+def test_a_directory_where_the_cache_file_goes_is_warned_about_not_fatal(tmp_path: Path) -> None:
+    sources, targets = ["ab", "c"], ["a", "b", "cc"]
+    cache_path(sources, targets, tmp_path).mkdir(parents=True)
+
+    with pytest.warns(UserWarning, match="is not a file"):
+        vmap = vocab_map_of_strings(sources, targets, cache_dir=tmp_path)
+
+    assert vmap.tolist() == vocab_map_of_strings(sources, targets, cache_dir=tmp_path / "other").tolist()

@@ -134,6 +134,13 @@ def _read_cache(path: Path, num_source: int, num_target: int) -> np.ndarray | No
 
 
 def _write_cache(path: Path, vmap: np.ndarray) -> None:
+    if path.exists() and not path.is_file():
+        warnings.warn(
+            f"vocab map cache {path} is not a file (a directory?): the map is used but not cached; "
+            "remove it to cache the map again",
+            stacklevel=3,
+        )
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the final name and renamed: a reader never sees half a file.
     handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.partial")
