@@ -80,3 +80,23 @@ def test_clients_too_small_for_a_held_out_split_are_an_error_naming_the_keys(tmp
         quiet_runner(cfg, tmp_path / "run").run()
 
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("count", [10**9, -3])
+def test_an_evaluation_claiming_more_or_fewer_records_than_it_holds_is_rejected(
+    count: int, tmp_path: Path
+) -> None:
+    cfg = tiny_config("fedit", "fed.rounds=1", "eval.personal=true", "eval.before=false")
+
+    def inflate(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        return (
+            {**reply, "num_eval_examples": count}
+            if client == "c00" and task == "evaluate_personal"
+            else reply
+        )
+
+    history = quiet_runner(cfg, tmp_path / "run", after_task=inflate).run()
+
+    row = history[1]
+    assert "num_eval_examples" in row["rejected"]["c00"] and "c00" not in row["eval_by_client"]
+    assert len(row["eval_by_client"]) == 3 and row["eval"]["personal/perplexity_weighted"] > 0

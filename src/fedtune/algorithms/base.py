@@ -133,13 +133,23 @@ class Algorithm(ABC, Generic[SectionT]):
         """Every client's reply to ``evaluate_personal`` (its metrics and held-out size)."""
         clients = fed.client_ids()
         spec = ReplySpec(scalars={EVAL_EXAMPLES: int, "round": int})
-        return fed.call(
+        replies = fed.call(
             clients,
             PERSONAL_EVAL,
             self.personal_messages(rnd, clients),
             timeout=self.cfg.fed.client_timeout,
             expect=spec,
         )
+        holdout = self.cfg.data.holdout
+        for client, reply in list(replies.items()):
+            limit = held_out_limit(fed.client_sizes.get(client), holdout)
+            if limit is not None and int(reply[EVAL_EXAMPLES]) > limit:
+                fed.traffic.rejected[client] = (
+                    f"{EVAL_EXAMPLES} {reply[EVAL_EXAMPLES]} exceeds the {limit} records a client training "
+                    f"on {fed.client_sizes[client]} can hold out (data.holdout {holdout})"
+                )
+                del replies[client]
+        return replies
 
     # ----- the final model: what `fedtune eval` / `generate` load from a finished run ---------------
     final_variants: ClassVar[tuple[str, ...]] = ()
@@ -204,6 +214,15 @@ class Algorithm(ABC, Generic[SectionT]):
         needed = min(self.cfg.fed.min_replies, len(sampled))
         if len(replies) < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
+
+
+def held_out_limit(train_size: int | None, holdout: float) -> int | None:
+    """The most records a client training on ``train_size`` can hold out at share ``holdout``: the split
+    holds out ``round(h N)`` of its N records, so at most ``ceil(h n / (1 - h)) + 1``; None when unknown
+    (no size, or ``holdout`` 0: the method scores clients on another set)."""
+    if not train_size or holdout <= 0:
+        return None
+    return int(np.ceil(holdout * train_size / (1 - holdout))) + 1
 
 
 def personal_results(replies: Mapping[str, Payload], prefix: str = "personal/") -> EvalResult:
