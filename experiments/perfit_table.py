@@ -13,14 +13,16 @@ Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<partition>-s
   evaluated the same way (each client on its own held-out split, the global adapter);
 - ``standalone``: every client trains its own rank-r LoRA on its own data only, when sampled (the
   same sampling as the federated rows), nothing is aggregated: personalisation without federation;
-- ``perfit_s0.33`` / ``perfit_s0.5``: PerFIT searching in rank r / (1 - s);
+- ``perfit_s0.33`` / ``perfit_s0.5``: PerFIT searching in rank r / (1 - s), as the paper: every
+  sampled client starts from the server's global expanded module at its mask, LoRA alpha = r_e;
 - ``perfit_hetero``: heterogeneous resources, a third of the clients each at rank 8 / 12 / 16 in a
   common expanded rank 16 (FIT must use the weakest client's rank 8 everywhere: the ``fit`` row);
 - ``perfit_second`` / ``perfit_mixed``: the importance variants (s = 0.5), an ablation;
-- ``perfit_s0.5_alpha``: s = 0.5 with ``lora.alpha`` 16 = r_e, so that PerFIT's LoRA scaling
-  alpha / r_e is 1, as FIT's alpha / r (the paper keeps alpha = r = 8, a scaling of 0.5 at r_e 16);
-- ``perfit_s0.5_local``: s = 0.5 with ``perfit.aggregate=false`` (an ablation: no Alg. 3, each
-  client trains its sparse LoRA on its own data only; compare with ``standalone``'s dense rank r).
+- ``<row>_own``: the earlier reading as an ablation (``perfit.start=own``, ``perfit.alpha=lora``): a
+  client resumes from its own values of the last round it trained in, at scaling lora.alpha / r_e;
+- ``perfit_s0.5_own_alpha``: own starts with alpha = r_e (scaling 1);
+- ``perfit_s0.5_local``: own starts with ``perfit.aggregate=false`` (no Alg. 3, each client trains its
+  sparse LoRA on its own data only; compare with ``standalone``'s dense rank r).
 The table gives the final personalised perplexity (mean over clients, then mean ± std over seeds),
 its example-weighted variant, MB up and down per round, and checks PerFIT < FIT. A plot of the
 masks of one PerFIT run (kept share per layer and module, overlap between clients) goes beside it.
@@ -44,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import sweep
 
+OWN = ["perfit.start=own", "perfit.alpha=lora"]
 ROWS: dict[str, list[str]] = {
     "fit": ["algorithm=fedit", "perfit=null"],
     "standalone": ["algorithm=fedit", "perfit=null", "fed.mode=standalone"],
@@ -52,8 +55,19 @@ ROWS: dict[str, list[str]] = {
     "perfit_hetero": ["perfit.sparsity=0.5", "perfit.budgets=[8,12,16]"],
     "perfit_second": ["perfit.sparsity=0.5", "perfit.importance=second"],
     "perfit_mixed": ["perfit.sparsity=0.5", "perfit.importance=mixed"],
-    "perfit_s0.5_alpha": ["perfit.sparsity=0.5", "lora.alpha=16"],
-    "perfit_s0.5_local": ["perfit.sparsity=0.5", "perfit.aggregate=false"],
+    # The earlier reading, as ablations: a client resumes from its own values, LoRA alpha = lora.alpha.
+    **{
+        f"{row}_own": [*overrides, *OWN]
+        for row, overrides in {
+            "perfit_s0.33": ["perfit.sparsity=0.33"],
+            "perfit_s0.5": ["perfit.sparsity=0.5"],
+            "perfit_hetero": ["perfit.sparsity=0.5", "perfit.budgets=[8,12,16]"],
+            "perfit_second": ["perfit.sparsity=0.5", "perfit.importance=second"],
+            "perfit_mixed": ["perfit.sparsity=0.5", "perfit.importance=mixed"],
+        }.items()
+    },
+    "perfit_s0.5_own_alpha": ["perfit.sparsity=0.5", "perfit.start=own", "perfit.alpha=rank"],
+    "perfit_s0.5_local": ["perfit.sparsity=0.5", *OWN, "perfit.aggregate=false"],
 }
 LABELS = {
     "fit": "FIT (FedIT, rank r)",
@@ -63,8 +77,13 @@ LABELS = {
     "perfit_hetero": "PerFIT, ranks 8/12/16",
     "perfit_second": "PerFIT s = 0.5, 2nd-order importance",
     "perfit_mixed": "PerFIT s = 0.5, mixed importance",
-    "perfit_s0.5_alpha": "PerFIT s = 0.5, alpha = r_e = 16 (LoRA scaling 1, as FIT's)",
-    "perfit_s0.5_local": "PerFIT s = 0.5 without aggregation (each client keeps its own values)",
+    "perfit_s0.33_own": "ablation: own starts, s = 0.33",
+    "perfit_s0.5_own": "ablation: own starts, s = 0.5",
+    "perfit_hetero_own": "ablation: own starts, ranks 8/12/16",
+    "perfit_second_own": "ablation: own starts, s = 0.5, 2nd-order importance",
+    "perfit_mixed_own": "ablation: own starts, s = 0.5, mixed importance",
+    "perfit_s0.5_own_alpha": "ablation: own starts, s = 0.5, alpha = r_e (scaling 1)",
+    "perfit_s0.5_local": "ablation: own starts, s = 0.5, no aggregation",
 }
 PARTITIONS: dict[str, list[str]] = {
     "pathological": ["data.partition.scheme=pathological"],

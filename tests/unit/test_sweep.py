@@ -82,3 +82,21 @@ def test_earlier_results_are_a_tables_previous_rows(tmp_path: Path) -> None:
     sweep.sibling(stem, ".json").write_text("{not json")
     with pytest.raises(SystemExit, match=r"llm1\.5b\.json: not a table's results file"):
         sweep.earlier_results(stem)
+
+
+def test_the_attack_table_says_rejected_absorbed_or_not_applicable() -> None:
+    from experiments import attacks
+
+    honest = {"touched": False, "metric": "perplexity", "value": 100.0}
+
+    assert attacks.cell({"touched": False}, honest) == "-"
+    assert attacks.cell({"touched": True, "rejected": "update norm ..."}, honest) == "rejected"
+    honest["aggregate"] = 2.0
+    absorbed = {"touched": True, "rejected": None, "value": 112.0, "metric": "perplexity", "aggregate": 5.0}
+    assert attacks.cell(absorbed, honest) == "absorbed (+12%, aggregate x2.5)"
+    assert attacks.cell(absorbed, {"error": "ConfigError: no"}) == "refused"
+    assert attacks.cell({"touched": True, "error": "ValueError: x"}, honest) == "run stopped"
+    assert attacks.final_metric([{"eval": {"rougeL": 0.0, "perplexity": 9.0, "perplexity_std": 1.0}}]) == (
+        "perplexity",
+        9.0,
+    )
