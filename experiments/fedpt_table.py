@@ -72,10 +72,10 @@ def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, floa
 def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict[str, float]:
     setup_torch(2)
     from fedtune.config import load_config
-    from fedtune.data.rundata import prepare_data
     from fedtune.data.tokenize import encode_records, make_batches
     from fedtune.models.loading import load_causal_lm
     from fedtune.models.lora import attach_lora
+    from fedtune.rundata import prepare_data
     from fedtune.train.loop import peak_rss_mb, train_local
     from fedtune.train.optim import build_optimizer
 

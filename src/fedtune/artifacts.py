@@ -11,9 +11,9 @@ from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import DataError, Record
-from fedtune.data.rundata import prepare_data
 from fedtune.data.templates import build_prompt
 from fedtune.eval.evaluate import EvalResult
+from fedtune.rundata import prepare_data
 
 
 def run_config(run_dir: Path) -> ExperimentConfig:

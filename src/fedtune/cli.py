@@ -102,7 +102,7 @@ def run(
                 raise ValueError(f"unknown backend {backend!r}; available: simulation, flower")
             cfg.fed.backend = backend  # type: ignore[assignment]
         run_dir = output_dir or cfg.run_dir()
-        from fedtune.data.rundata import pin_data_paths
+        from fedtune.rundata import pin_data_paths
 
         pin_data_paths(cfg)  # before any other process (Flower's) reads the config
         console.print(f"run [bold]{cfg.name}[/] ({cfg.algorithm}, {cfg.fed.backend}) -> {run_dir}")
@@ -400,8 +400,8 @@ def data_stats(
     """
     from fedtune.config import load_config
     from fedtune.data.partition import category_counts
-    from fedtune.data.rundata import prepare_data
     from fedtune.report import partition_table, plot_partition
+    from fedtune.rundata import prepare_data
 
     try:
         cfg = load_config(config, overrides or [])

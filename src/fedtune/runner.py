@@ -23,7 +23,6 @@ from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts
 from fedtune.data.records import DataError
-from fedtune.data.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.checkpoint import (
     CheckpointDamaged,
@@ -38,6 +37,7 @@ from fedtune.fl.federation import ClientTask, ServerContext, ServerFederation
 from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
 from fedtune.progress import RunProgress, round_summary, summary_table
 from fedtune.resources import Resources
+from fedtune.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
 from fedtune.rundir import deferred_interrupt, run_dir_lock
 from fedtune.train.loop import peak_rss_mb
 from fedtune.version import __version__

@@ -9,7 +9,7 @@ import pytest
 import fedtune
 from fedtune.api import override_list
 from fedtune.config import ConfigError
-from fedtune.data.rundata import prepare_data
+from fedtune.rundata import prepare_data
 from tests.integration.helpers import ROOT, stable, tiny_config
 
 CONFIG = ROOT / "configs" / "test" / "fedit-tiny.yaml"

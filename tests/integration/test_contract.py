@@ -12,9 +12,9 @@ import pytest
 from fedtune.algorithms.final import FinalModelError
 from fedtune.algorithms.registry import algorithm_names, get_algorithm
 from fedtune.artifacts import load_final
-from fedtune.data.rundata import prepare_data
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload
+from fedtune.rundata import prepare_data
 from tests.integration.helpers import quiet_runner, stable, tiny_config
 
 ALGORITHMS = algorithm_names()
@@ -101,7 +101,7 @@ def is_float(value: object) -> bool:
 
 def private_texts(cfg: Any) -> set[str]:
     """The clients' own training texts (longer than 8 characters): what must never cross the wire."""
-    from fedtune.data.rundata import prepare_data
+    from fedtune.rundata import prepare_data
 
     clients = prepare_data(cfg).clients.values()
     return {t for recs in clients for r in recs for t in (r.instruction, r.output) if len(t) > 8}
@@ -166,7 +166,7 @@ def test_the_leak_check_sees_strings_token_ids_and_bytes() -> None:
 
 
 def cfg_clients(cfg: Any) -> list[str]:
-    from fedtune.data.rundata import prepare_data
+    from fedtune.rundata import prepare_data
 
     return list(prepare_data(cfg).clients)
 

@@ -12,9 +12,9 @@ from fedtune.algorithms.fedmkt import FedMKT
 from fedtune.algorithms.fedmkt.maths import public_view
 from fedtune.algorithms.fedmkt.wire import ADAPTER, LLM, PUBLIC, public_subset
 from fedtune.config import ConfigError
-from fedtune.data.rundata import prepare_data
 from fedtune.fl.payload import Payload
 from fedtune.resources import Resources
+from fedtune.rundata import prepare_data
 from tests.integration.helpers import quiet_runner, tiny_config
 
 KNOWLEDGE = {"loss", "ids", "values"}

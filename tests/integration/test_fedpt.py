@@ -170,8 +170,8 @@ def test_alpha_is_searched_on_validation_and_saved(tmp_path: Path) -> None:
 
 def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
     """LoRA B starts at zero, so tuned == base and the proxy is the large model itself."""
-    from fedtune.data.rundata import prepare_data
     from fedtune.decode.generate import generate_texts
+    from fedtune.rundata import prepare_data
 
     cfg = tiny_config("fedpt", "fed.rounds=1", "eval.metrics=[rougeL]")
     algorithm, fed, server = _built(cfg, tmp_path / "run")

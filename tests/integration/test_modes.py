@@ -98,7 +98,7 @@ def test_standalone_evaluation_averages_each_clients_own_adapter(tmp_path: Path)
     assert path is not None
     states = load_checkpoint(path)["federation"]["clients"]
     resources = Resources(cfg)
-    from fedtune.data.rundata import prepare_data
+    from fedtune.rundata import prepare_data
 
     records = prepare_data(cfg).eval_records
     per_client = [evaluate_adapter(cfg, resources, s["adapter"], records, 1) for s in states.values()]

@@ -15,7 +15,7 @@ from tests.integration.helpers import quiet_runner, tiny_config
 
 def test_standalone_personal_eval_is_each_clients_adapter_on_its_own_held_out_data(tmp_path: Path) -> None:
     from fedtune.algorithms.adapters import evaluate_adapter
-    from fedtune.data.rundata import prepare_data
+    from fedtune.rundata import prepare_data
 
     cfg = tiny_config("fedit", "fed.mode=standalone", "fed.rounds=1", "eval.personal=true")
     history = quiet_runner(cfg, tmp_path / "run").run()

@@ -131,7 +131,7 @@ def test_the_layer_rule_finds_an_upward_import() -> None:
     fake = {
         # The Flower app inside fl/ reaching up, as it once did.
         "fedtune.fl.flower.server_app": {"fedtune.runner", "fedtune.fl.flower.federation"},
-        "fedtune.fl.flower.node": {"fedtune.algorithms.registry", "fedtune.data.rundata"},
+        "fedtune.fl.flower.node": {"fedtune.algorithms.registry", "fedtune.rundata"},
         "fedtune.fl.flower.federation": {"fedtune.fl.payload"},
         "fedtune.eval.evaluate": {"fedtune.fl.payload", "fedtune.models.lora"},
         "fedtune.algorithms.fedit": {"fedtune.artifacts", "fedtune.fl.federation"},

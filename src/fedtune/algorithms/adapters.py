@@ -32,7 +32,7 @@ def evaluation_records(ctx: ClientContext, eval_set: str) -> list[Record]:
 
     Test sets are not private: every client derives the same ones from the config, as the server does.
     """
-    from fedtune.data.rundata import prepare_data
+    from fedtune.rundata import prepare_data
 
     data = ctx.resources.get("run_data", lambda: prepare_data(ctx.cfg))
     return list(data.extra_eval[eval_set] if eval_set else data.eval_records)

@@ -79,8 +79,8 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
 
     from fedtune.algorithms.registry import get_algorithm
     from fedtune.config import validate_config
-    from fedtune.data.rundata import prepare_data
     from fedtune.resources import Resources
+    from fedtune.rundata import prepare_data
 
     cfg = validate_config(yaml.safe_load(config_yaml), source="run config")
     if "partition-id" not in node_config:

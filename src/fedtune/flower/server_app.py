@@ -29,11 +29,11 @@ def main(grid: Grid, context: Context) -> None:
 
     from fedtune.algorithms.registry import get_algorithm
     from fedtune.config import ExperimentConfig, validate_config
-    from fedtune.data.rundata import RunData
     from fedtune.fl.federation import ClientTask
     from fedtune.fl.flower.federation import GridFederation
     from fedtune.flower.processes import die_with_parent
     from fedtune.resources import Resources
+    from fedtune.rundata import RunData
     from fedtune.runner import Runner
 
     # The SuperExec that started this process watches the SuperLink; when the server machine's

@@ -1,7 +1,7 @@
 """What a run reads: client partitions, test sets and the public set, all deterministic in the seed.
 
-Below the algorithms and the runner: a client process derives the same test sets from the config as the
-server does (test sets are not private), so both call ``prepare_data``.
+Above ``config`` and ``data``, below the algorithms and the runner: a client process derives the same test
+sets from the config as the server does (test sets are not private), so both call ``prepare_data``.
 """
 
 from __future__ import annotations
