@@ -147,6 +147,17 @@ def search_masks(
     return masks
 
 
+def masked_aggregate(
+    states: Sequence[Mapping[str, np.ndarray]],
+    masks: Sequence[Mapping[str, np.ndarray]],
+    weights: Sequence[float],
+    median: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Alg. 3's per-entry combination over each entry's holders: the weighted mean, or with ``median``
+    (``fed.aggregator: median``) the unweighted median; ``(combined, held)`` as ``masked_average``."""
+    return masked_median(states, masks) if median else masked_average(states, masks, weights)
+
+
 def update_global(
     global_module: Mapping[str, np.ndarray],
     states: Sequence[Mapping[str, np.ndarray]],
@@ -162,7 +173,7 @@ def update_global(
     client of this round holds keeps G's value; ``median``: the per-entry median over the holders
     instead (``fed.aggregator: median``). Returns the new G (G's dtypes).
     """
-    mean, held = masked_median(states, masks) if median else masked_average(states, masks, weights)
+    mean, held = masked_aggregate(states, masks, weights, median)
     return {
         key: np.where(held[key] > 0, mean[key], value).astype(value.dtype)
         for key, value in global_module.items()

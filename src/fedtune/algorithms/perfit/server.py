@@ -22,11 +22,17 @@ from fedtune.algorithms.base import (
 )
 from fedtune.algorithms.final import FinalModel, FinalModelError, FinalRun
 from fedtune.algorithms.perfit.config import PerFITConfig
-from fedtune.algorithms.perfit.maths import budget_rank, kept_count, symmetric_init, update_global
+from fedtune.algorithms.perfit.maths import (
+    budget_rank,
+    kept_count,
+    masked_aggregate,
+    symmetric_init,
+    update_global,
+)
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
 from fedtune.config import ConfigError
 from fedtune.eval.evaluate import EvalResult, EvalSet
-from fedtune.fl.aggregate import gather_masked, masked_average, masked_median, scatter_masked, unpack_mask
+from fedtune.fl.aggregate import gather_masked, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.resources import Resources
@@ -119,10 +125,7 @@ class PerFIT(Algorithm[PerFITConfig]):
         receives the mean at its own entries."""
         states = [scatter_masked(arrays(replies[c], VALUES), masks[c]) for c in trained]
         held = [masks[c] for c in trained]
-        if self.cfg.fed.aggregator == "median":
-            mean, _ = masked_median(states, held)
-        else:
-            mean, _ = masked_average(states, held, weights)
+        mean, _ = masked_aggregate(states, held, weights, self.cfg.fed.aggregator == "median")
         personal = {c: values_payload(gather_masked(mean, masks[c])) for c in trained}
         fed.call(trained, "update", personal, timeout=self.cfg.fed.client_timeout)
 
