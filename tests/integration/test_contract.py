@@ -220,15 +220,19 @@ def test_a_client_lying_about_its_statistics_is_rejected(algorithm: str, lie: st
     assert_trees_equal(state_lied["algorithm"], state_absent["algorithm"])
 
 
+UPDATE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "fedmkt": ("fedmkt.clients=[tiny-qwen2]", "fedmkt.slm_fedavg=true")
+}
+"""Settings under which a method's fit replies carry tensors the server averages."""
+
+
 @pytest.mark.parametrize("attack", ["scaled", "one_huge_entry"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_client_sending_a_huge_update_is_screened_out_by_default(
     algorithm: str, attack: str, tmp_path: Path
 ) -> None:
     # Prepare: the default config (no fed.norm_bound); one client blows up its fit reply's arrays.
-    if algorithm == "fedmkt":
-        pytest.skip("FedMKT's fit replies are knowledge on public data, not an update of sent weights")
-    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false")
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false", *UPDATE_SETTINGS.get(algorithm, ()))
     liar = sorted(cfg_clients(cfg))[0]
 
     def blow_up(value: np.ndarray) -> np.ndarray:
@@ -272,14 +276,12 @@ def largest_float(tree: Any) -> float:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_robust_aggregator_absorbs_a_huge_update(algorithm: str, tmp_path: Path) -> None:
     # Prepare: no screen, the coordinate-wise median; one client sends its update x 1e6.
-    if algorithm == "fedmkt":
-        pytest.skip("FedMKT aggregates knowledge by DualMinCE (a min), not client tensors")
     if algorithm == "perfit":
         pytest.skip(
             "PerFIT's median is per entry over its holders: an entry held by 1-2 clients is not protected"
         )
     settings = ("fed.rounds=1", "eval.before=false", "fed.screen=null", "fed.aggregator=median")
-    cfg = tiny_config(algorithm, *settings)
+    cfg = tiny_config(algorithm, *settings, *UPDATE_SETTINGS.get(algorithm, ()))
     liar = sorted(cfg_clients(cfg))[0]
 
     def scale(client: str, task: str, rnd: int, reply: Payload) -> Payload:
@@ -295,3 +297,71 @@ def test_a_robust_aggregator_absorbs_a_huge_update(algorithm: str, tmp_path: Pat
     lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))["algorithm"]  # type: ignore[arg-type]
     honest = load_checkpoint(latest_checkpoint(tmp_path / "honest"))["algorithm"]  # type: ignore[arg-type]
     assert 0 < largest_float(lied) <= 2 * largest_float(honest)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_norm_bound_applies_to_every_method_that_aggregates_tensors(
+    algorithm: str, tmp_path: Path
+) -> None:
+    # Prepare: the adaptive screen off, an absolute bound; one client scales its fit reply x 1e6.
+    settings = ("fed.rounds=1", "eval.before=false", "fed.screen=null", "fed.norm_bound=50")
+    cfg = tiny_config(algorithm, *settings, *UPDATE_SETTINGS.get(algorithm, ()))
+    liar = sorted(cfg_clients(cfg))[0]
+    scaled: list[str] = []
+
+    def scale(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client != liar or task != "fit":
+            return reply
+        floats = {k for k, v in reply.items() if is_float(v) and v.size}
+        scaled.extend(floats)
+        return {k: (v * 1e6).astype(v.dtype) if k in floats else v for k, v in reply.items()}
+
+    def crash(client: str, task: str, rnd: int) -> None:
+        if client == liar and task == "fit":
+            raise RuntimeError("gone")
+
+    # Execute
+    lied = quiet_runner(cfg, tmp_path / "lied", after_task=scale).run()
+    quiet_runner(cfg, tmp_path / "absent", before_task=crash).run()
+
+    # Assert: rejected by the bound, and the aggregate is the one without that client
+    assert scaled, f"{algorithm}'s fit reply holds no float arrays"
+    assert "update norm" in lied[1]["rejected"][liar] and "fed.norm_bound" in lied[1]["rejected"][liar]
+    state_lied = load_checkpoint(latest_checkpoint(tmp_path / "lied"))  # type: ignore[arg-type]
+    state_absent = load_checkpoint(latest_checkpoint(tmp_path / "absent"))  # type: ignore[arg-type]
+    assert_trees_equal(state_lied["algorithm"], state_absent["algorithm"])
+
+
+EVAL_LIES: dict[str, Any] = {"nan_metric": float("nan"), "count_huge": 10**9, "count_negative": -3}
+"""A client evaluation reporting what it cannot have measured: a NaN metric, or more or fewer records
+than the client holds."""
+
+
+@pytest.mark.parametrize("lie", sorted(EVAL_LIES))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_lying_evaluation_reply_is_rejected_and_left_out(algorithm: str, lie: str, tmp_path: Path) -> None:
+    # Prepare: client evaluation on; the first client lies in every evaluation reply it sends.
+    if not get_algorithm(algorithm).Config.personal_eval:
+        pytest.skip(f"{algorithm} evaluates on the server only: no client evaluation replies")
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.personal=true", "eval.before=false")
+    liar = sorted(cfg_clients(cfg))[0]
+    lied_in: list[str] = []
+
+    def lie_about(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if client != liar or not task.startswith("evaluate"):
+            return reply
+        lied_in.append(task)
+        if lie == "nan_metric":
+            metric = sorted(k for k in reply if k.startswith("metric/"))[0]
+            return {**reply, metric: EVAL_LIES[lie]}
+        return {**reply, "num_eval_examples": EVAL_LIES[lie]}
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run", after_task=lie_about).run()
+
+    # Assert: the liar's reply rejected with a reason, left out of the row, and every value finite
+    row = history[1]
+    assert lied_in, f"{algorithm} sent no client evaluation task"
+    assert liar in row["rejected"] and liar not in row.get("eval_by_client", {})
+    assert row["eval_by_client"], "the honest clients' evaluations are kept"
+    assert all(np.isfinite(v) for v in row["eval"].values() if isinstance(v, float))

@@ -196,5 +196,5 @@ def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) ->
         _check_array(key, payload[key], array_spec)
     norm = update_norm(payload, spec) if spec.norm_bound is not None else None
     if norm is not None and spec.norm_bound is not None and norm > spec.norm_bound:
-        raise ReplyRejected(f"update norm {norm:.4g} exceeds the bound {spec.norm_bound:.4g}")
+        raise ReplyRejected(f"update norm {norm:.4g} exceeds fed.norm_bound = {spec.norm_bound:.4g}")
     return payload

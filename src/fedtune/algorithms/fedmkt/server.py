@@ -55,6 +55,9 @@ class FedMKT(Algorithm[FedMKTConfig]):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.llm_adapter: dict[str, np.ndarray] = {}
+        # With slm_fedavg: the last LoRA average sent to the clients, the reference their next
+        # uploads are measured against (fed.norm_bound, fed.screen); before any, the shared init.
+        self.slm_average: dict[str, np.ndarray] = {}
 
     def client_tasks(self) -> dict[str, ClientTask]:
         return {"fit": client.fit, "distill": client.distill, PERSONAL_EVAL: client.evaluate_personal}
@@ -112,13 +115,22 @@ class FedMKT(Algorithm[FedMKTConfig]):
                 vocab = len(server.resources.tokenizer(spec))
                 top_k, compress = self.section.top_k, self.section.compress
                 expected.update(knowledge_spec(PUBLIC, counts, top_k, vocab, compress=compress))
+            reference: dict[str, np.ndarray] | None = None
             if self.section.slm_fedavg:
                 _, _, initial = client.lora_model(self.cfg, server.resources, spec)
                 expected.update({ADAPTER + k: ArraySpec(v.shape, "float32") for k, v in initial.items()})
+                # A client's LoRA is measured from the last average it was sent (a client that
+                # missed recent rounds shows a longer, still legitimate, displacement).
+                reference = {ADAPTER + k: v for k, v in (self.slm_average or initial).items()}
             # Deflated top-k has no fixed size: the extra arrays are checked when unpacked.
             compressed = federated and self.section.compress
             specs[client_id] = ReplySpec(
-                expected, REPLY_SCALARS, allow_extra=compressed, example_limits=fed.client_sizes
+                expected,
+                REPLY_SCALARS,
+                norm_bound=self.cfg.fed.norm_bound if reference is not None else None,
+                reference=reference,
+                allow_extra=compressed,
+                example_limits=fed.client_sizes,
             )
         return specs
 
@@ -209,6 +221,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
         if self.section.slm_fedavg:
             adapters = [arrays(replies[c], ADAPTER) for c in trained]
             average = self.aggregate(adapters, [int(replies[c]["num_examples"]) for c in trained])
+            self.slm_average = dict(average)
             message.update({ADAPTER + k: v for k, v in average.items()})
         return message
 
@@ -270,7 +283,11 @@ class FedMKT(Algorithm[FedMKTConfig]):
         (directory / "meta.json").write_text(json.dumps(meta, indent=1))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"llm_adapter": self.llm_adapter}
+        state: dict[str, Any] = {"llm_adapter": self.llm_adapter}
+        if self.slm_average:
+            state["slm_average"] = self.slm_average
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.llm_adapter = {k: np.asarray(v) for k, v in state["llm_adapter"].items()}
+        self.slm_average = {k: np.asarray(v) for k, v in state.get("slm_average", {}).items()}
