@@ -114,6 +114,13 @@ def largest_float(tree: Any) -> float:
     return 0.0
 
 
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "fedmkt+slm_fedavg": ("fedmkt", ["fedmkt.clients=[tiny-qwen2]", "fedmkt.slm_fedavg=true"]),
+}
+"""Rows for settings under which a method's fit reply changes kind: FedMKT's clients upload their LoRA
+(averaged by the server) beside their knowledge."""
+
+
 def run(method: str, overrides: list[str], attack: Callable[[Reply], Reply] | None) -> dict[str, Any]:
     """One tiny run; what happened to the liar's round-1 fit reply, the final metric and the size of
     the server's aggregate after round 1 (its largest |value|)."""
@@ -123,7 +130,10 @@ def run(method: str, overrides: list[str], attack: Callable[[Reply], Reply] | No
     from fedtune.fl.checkpoint import load_checkpoint
     from fedtune.runner import Runner
 
-    cfg = load_config(ROOT / "configs" / "test" / f"{method}-tiny.yaml", ["fed.rounds=2", *overrides])
+    method, settings = VARIANTS.get(method, (method, []))
+    cfg = load_config(
+        ROOT / "configs" / "test" / f"{method}-tiny.yaml", ["fed.rounds=2", *settings, *overrides]
+    )
     touched: list[bool] = []
 
     def lie(client: str, task: str, rnd: int, reply: Reply) -> Reply:
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--methods", nargs="+", default=algorithm_names())
+    parser.add_argument("--methods", nargs="+", default=[*algorithm_names(), *VARIANTS])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "robustness.md")
     parser.add_argument("--json", type=Path, default=ROOT / "experiments" / "results" / "attacks.json")
     args = parser.parse_args(argv)
