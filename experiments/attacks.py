@@ -91,7 +91,11 @@ NOTES = """## Reading the table
 - With the defaults every lie is rejected, except FedMKT's: its fit reply carries knowledge on public
   data, not an update of weights the server sent. Its top-k logits travel compressed (bytes, not floats),
   so the two scaling attacks change only its per-sample losses, and a larger loss only loses DualMinCE:
-  the aggregate does not move (x1). A negative loss, which would win DualMinCE, is rejected.
+  the aggregate does not move (x1). A negative loss, which would win DualMinCE, is rejected. With
+  `slm_fedavg` its clients also upload their LoRA, measured from the last average the server sent:
+  the screen rejects a scaled one, and without the screen the average takes it in like any mean.
+- Krum and multi-Krum are not offered: they tolerate f liars only with n > 2f + 2 replies a round,
+  more than the 3-10 clients per round these methods run with; the median covers that case.
 - Without the screen, a mean takes the lie in: the aggregate grows 3e5-fold (x 1e6) or to ~1e38 (one
   entry). FedPFT's run then stops: in round 2 every client's training diverges (NaN loss, all replies
   rejected).
