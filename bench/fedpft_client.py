@@ -67,11 +67,14 @@ def padded(batch: dict[str, Any], length: int, pad_token_id: int) -> dict[str, A
     import torch.nn.functional as F
 
     extra = length - batch["input_ids"].shape[1]
-    return {
+    out = {
         **batch,
         "input_ids": F.pad(batch["input_ids"], (0, extra), value=pad_token_id),
         "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
     }
+    if "token_type_ids" in batch:  # an encoder's segment ids (0 on padding)
+        out["token_type_ids"] = F.pad(batch["token_type_ids"], (0, extra), value=0)
+    return out
 
 
 def train_batches(tokenizer: Any, count: int, batch_size: int, seq_len: int, seed: int) -> list[Any]:

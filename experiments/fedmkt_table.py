@@ -13,8 +13,12 @@ families, as the paper's four), ``hetero2`` (the first two of them, each held by
 normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed>``:
 - ``zeroshot``: round 0 of the ``fedmkt`` run (no tuning), the LLM and every SLM;
 - ``standalone``: every SLM trains on its own data only (``fed.mode=standalone``), the LLM untouched;
-- ``centralized``: FedIT in ``fed.mode=centralized`` on the union of the client data, for the LLM and
-  for each SLM (one run each, shared by the settings);
+- ``centralized``: FedMKT in ``fed.mode=centralized``, as the paper: ``model:`` tuned on the union of the
+  clients' private data and the public set, for the LLM and for each SLM (one run each, shared by the
+  settings);
+- ``llmpublic``: the LLM on the public set only (``fedmkt.lam=1``: its loss is the public set's CE, the
+  SLMs' knowledge does not reach it), shared by the settings: what FedMKT's LLM gains over it is what
+  the SLMs' knowledge adds;
 - ``fedavg`` (homo only): FedIT of the SLM's LoRA;
 - ``llm2slm`` (one only): FedMKT with the LLM frozen (``fedmkt.llm_learns=false``);
 - ``fedmkt``: the method.
@@ -55,10 +59,15 @@ LABELS = {
     "centralized": "Centralized",
     "fedavg": "FedAvg",
     "llm2slm": "LLM2SLM",
+    "llmpublic": "LLM on public set",
     "fedmkt": "FedMKT",
 }
 FEDIT = ["algorithm=fedit", "fedmkt=null", "eval.personal=false"]
 AFTER_ONLY = ["eval.before=false"]
+CENTRALIZED = ["fed.mode=centralized", "eval.personal=false"]
+# lam 1: the LLM learns the public set's CE only; the SLMs still train (one step, only so that the round
+# runs: with lam 1 their knowledge does not reach the LLM) and are not evaluated.
+LLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.slm_learns=false", "eval.personal=false", "train.max_steps=1"]
 
 
 SETTINGS = ["hetero", "hetero2", "homo", "one"]
@@ -75,7 +84,8 @@ def settings(cfg: Any) -> dict[str, list[str]]:
 
 
 def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
-    """Run name -> overrides for one dataset and setting (the centralized runs are shared).
+    """Run name -> overrides for one dataset and setting (the centralized and LLM-on-public runs are
+    shared).
 
     Only the FedMKT run evaluates before training (its round 0 is the Zero-shot row): every other
     run starts from the same untuned models, so its round 0 would repeat that evaluation.
@@ -90,8 +100,9 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
         out[f"{dataset}-homo-fedavg"] = fedavg
     if setting == "one":
         out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false", *AFTER_ONLY]
-    centralized = [*DATASETS[dataset], *FEDIT, "fed.mode=centralized", *AFTER_ONLY]
+    centralized = [*DATASETS[dataset], *CENTRALIZED, *AFTER_ONLY]
     out[f"{dataset}-centralized-llm"] = centralized
+    out[f"{dataset}-llmpublic"] = [*DATASETS[dataset], *LLM_PUBLIC, *AFTER_ONLY]
     for name in slms(cfg, setting):
         out[f"{dataset}-centralized-{name}"] = [*centralized, f"model.name={name}"]
     return out
@@ -152,6 +163,7 @@ def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) 
 
 
 def fedit_score(run_dir: Path, metric: str) -> float | None:
+    """The server model's last score: a FedIT run's, or the LLM's of a FedMKT run."""
     row = sweep.last_evaluated(sweep.finished_rows(run_dir), metric)
     return None if row is None else float(row["eval"][metric])
 
@@ -180,6 +192,8 @@ def collect(
         for name in slms(cfg, setting):
             centralized[name] = fedit_score(root / f"{dataset}-centralized-{name}-s{seed}", metric)
         add("centralized", seed, {k: v for k, v in centralized.items() if v is not None})
+        public_only = fedit_score(root / f"{dataset}-llmpublic-s{seed}", metric)
+        add("llmpublic", seed, None if public_only is None else {"llm": public_only})
     return table
 
 
@@ -241,6 +255,15 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}: "
             f"**{sweep.verdict([zero, mkt])}**" + seeds_note(columns)
         )
+        public = column("llmpublic", "llm")
+        both = sweep.common_seeds([fedmkt, public])
+        if both:
+            gain = float(np.mean([fedmkt[seed] - public[seed] for seed in both]))
+            same = "seed" if len(both) == 1 else f"{len(both)} seeds"
+            lines.append(
+                f"- What the SLMs' knowledge adds to the LLM: FedMKT - LLM on the public set only "
+                f"{100 * gain:+.1f} (on the same {same})"
+            )
     return lines
 
 
@@ -272,7 +295,7 @@ def markdown(
                 kept = keep_earlier(table, earlier.get(key, {}), seeds)
                 if kept:
                     carried[key] = kept
-            if not set(table) - {"centralized"}:  # the shared centralized runs alone are no setting
+            if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting
                 continue
             results[key] = table
             rows = []

@@ -28,3 +28,18 @@ def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> Non
     assert results["offsite-d0.4"]["seeds"] == 1 and "adapfu/rougeL" in results["fedbiot_a2-d0.4"]
     # A second call finds the finished runs and only tabulates.
     fedbiot_table.main([*argv, "--table-only"])
+
+
+def test_the_baselines_align_their_emulator_without_fedbiots_kl_term() -> None:
+    """Offsite-tuning and FedOT distil their emulator with their own objective, not FedBiOT's eq. (2):
+    its KL term (``align_lambda``) is off for them, on for FedBiOT's rows."""
+    from fedtune.config import load_config
+
+    config = ROOT / "configs" / "paper" / "fedbiot-math.yaml"
+    lambdas = {
+        name: load_config(config, overrides).fedbiot.align_lambda
+        for name, overrides in fedbiot_table.METHODS.items()
+    }
+
+    assert lambdas["offsite"] == lambdas["fedot"] == 0.0
+    assert lambdas["fedbiot_a2"] == lambdas["fedbiot_a4"] > 0

@@ -34,6 +34,8 @@ def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path)
         assert set(cells[row]["llm"]) == {"0"} and 0.0 <= cells[row]["llm"]["0"] <= 1.0, row
         assert set(cells[row][slm]) == {"0"}, row
     assert "llm" not in cells["standalone"] and set(cells["standalone"][slm]) == {"0"}
+    assert set(cells["llmpublic"]) == {"llm"} and set(cells["llmpublic"]["llm"]) == {"0"}
+    assert "| LLM on public set |" in table and "What the SLMs' knowledge adds" in table
     assert cells["fedmkt"]["mb_up"]["0"] > 0
     assert (tmp_path / "results" / "table-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
 
@@ -53,6 +55,10 @@ def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
     ]  # fmt: skip
     runs = fedmkt_table.runs(cfg, "wic", "hetero")
     assert {"wic-centralized-a2", "wic-centralized-b2"} <= set(runs)
+    # the paper's Centralized: FedMKT's own mode (private data + the public set), not FedIT's
+    assert "fed.mode=centralized" in runs["wic-centralized-a2"]
+    assert not [o for o in runs["wic-centralized-a2"] if o.startswith("algorithm=")]
+    assert "fedmkt.lam=1" in runs["wic-llmpublic"]
 
 
 def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from fedtune.align import VocabMapStats, brute_force_vocab_map, vocab_map
 from fedtune.align.vocab import cache_path, nearest_targets, vocab_map_of_strings
@@ -127,3 +128,60 @@ def test_a_directory_where_the_cache_file_goes_is_warned_about_not_fatal(tmp_pat
         vmap = vocab_map_of_strings(sources, targets, cache_dir=tmp_path)
 
     assert vmap.tolist() == vocab_map_of_strings(sources, targets, cache_dir=tmp_path / "other").tolist()
+
+
+def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
+    """A tiny SentencePiece-style tokenizer with byte fallback, as Gemma's (no word-start prefix, the
+    space written ``▁``): specials, the 256 byte tokens ``<0x00>`` .. ``<0xFF>``, then the pieces. The
+    digits, ``a``, ``b``, ``▁`` and ``12`` have a piece; every other character exists only as bytes."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    pieces = ["<pad>", "<eos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256))]
+    pieces += [*"0123456789", "a", "b", "▁", "12", "▁a"]
+    vocab = {piece: index for index, piece in enumerate(pieces)}
+    merges = [("1", "2"), ("▁", "a")]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def test_a_byte_fallback_target_gets_the_piece_its_tokenizer_writes_not_the_byte_token(
+    tmp_path: Path,
+) -> None:
+    """``<0x31>`` and ``1`` both stand for "1"; the tokenizer writes "12" as ``12`` and "1" as ``1``, never
+    as ``<0x31>``, so knowledge projected onto the byte token would land on an id never seen as a label."""
+    from fedtune.align import vocabulary_strings
+
+    target = byte_fallback_tokenizer()
+    source = tiny_tokenizer("bpe")  # byte-level, as SmolLM2's
+    target_strings = vocabulary_strings(target)
+    byte, piece = target.convert_tokens_to_ids(["<0x31>", "1"])
+    assert target_strings[byte] == target_strings[piece] == "1"
+
+    vmap = vocab_map(source, target, cache_dir=tmp_path)
+
+    source_strings = vocabulary_strings(source)
+    written = {}
+    for source_id, text in enumerate(source_strings):
+        if not text or any(0xDC80 <= ord(c) <= 0xDCFF for c in text):  # empty, or a partial byte
+            continue
+        ids = target(text, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            written[source_id] = ids[0]
+    assert len(written) > 12
+    for source_id, target_id in written.items():  # exact matches: the token the tokenizer writes
+        assert vmap[source_id] == target_id, repr(source_strings[source_id])
+    mapped = {text: vmap[i] for i, text in enumerate(source_strings)}
+    assert mapped["1"] == piece
+    assert mapped["z"] == target.convert_tokens_to_ids("<0x7A>")  # no piece: the byte token
+    # Inexact matches too: no source lands on a byte token whose text also has a piece.
+    raw = target.convert_ids_to_tokens(list(range(len(target_strings))))
+    with_piece = {
+        text for text, token in zip(target_strings, raw, strict=True) if not token.startswith("<0x")
+    }
+    landed = {int(j) for j in vmap}
+    assert not [j for j in landed if raw[j].startswith("<0x") and target_strings[j] in with_piece]
+    assert vmap.tolist() == vocab_map(source, target, cache_dir=tmp_path).tolist()  # the cache agrees

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerFast
 
 from fedtune.data.classify import (
     CLASS_LABELS,
@@ -91,7 +92,7 @@ class Fixed(nn.Module):
             pass
 
         out = Out()
-        out.logits = logits  # type: ignore[attr-defined]
+        out.logits = logits
         return out
 
 
@@ -124,3 +125,50 @@ def test_predictions_and_metrics() -> None:
     # class 0: F1 1; class 1: tp 1, fn 1 -> 2/3; class 2: fp 1 -> 0
     assert metrics["macro_f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
     assert macro_f1([], [], 2) == 0.0
+
+
+def pair_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny byte tokenizer made BERT-like: ``[CLS] a [SEP] b [SEP]`` with segment ids 0 / 1."""
+    from tokenizers import processors
+
+    tokenizer = tiny_tokenizer()
+    specials = [(t, tokenizer.convert_tokens_to_ids(t)) for t in ("[CLS]", "[SEP]")]
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=specials
+    )
+    tokenizer.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    return tokenizer
+
+
+def test_a_pair_keeps_its_segment_ids_through_batches_and_the_classifier() -> None:
+    """A BERT-family encoder embeds segment B with its own token-type embedding: the classifier must
+    see the ids the tokenizer gave, not all zeros (which embeds B as if it were A)."""
+    from fedtune.data.classify import class_logits
+    from fedtune.models.tiny import tiny_model
+
+    tokenizer = pair_tokenizer()
+    model, _ = tiny_model("bert", tokenizer=tokenizer, num_labels=2)
+    records = [Record("ab", "yes", input="cde"), Record("abcd", "no", input="e")]
+    pad = int(tokenizer.pad_token_id)
+
+    examples = encode_classification(records, tokenizer, ["no", "yes"], 64)
+    (batch,) = classification_batches(examples, 2, pad, seed=None)
+
+    direct = tokenizer(
+        [r.instruction for r in records], [r.input for r in records], padding=True, return_tensors="pt"
+    )
+    assert direct["token_type_ids"].max() == 1
+    torch.testing.assert_close(batch["token_type_ids"], direct["token_type_ids"])
+    with torch.no_grad():
+        torch.testing.assert_close(class_logits(model, batch), model(**direct).logits)
+        plain = model(input_ids=direct["input_ids"], attention_mask=direct["attention_mask"]).logits
+    assert not torch.allclose(plain, model(**direct).logits)  # the segment ids matter to this model
+
+
+def test_single_segment_tokenizers_add_no_segment_ids() -> None:
+    tokenizer = tiny_tokenizer()
+    (example,) = encode_classification([Record("ab", "b", input="cd")], tokenizer, ["a", "b"], 64)
+
+    (batch,) = classification_batches([example], 1, 0, seed=None)
+
+    assert "token_type_ids" not in batch

@@ -99,3 +99,27 @@ def test_an_empty_label_list_is_an_error_not_unset() -> None:
 
     with pytest.raises(ConfigError, match=r"fedpft\.labels"):
         tiny_config("fedpft", "fedpft.labels=[]")
+
+
+def test_the_distillations_see_a_pairs_segment_ids() -> None:
+    """Public pair records keep their segment ids into the hidden states both distillations (and the
+    clients' APoZ counts) read."""
+    import torch
+
+    from fedtune.algorithms.fedpft.maths import public_batches
+    from fedtune.data.records import Record
+    from fedtune.models.ffn_distill import _hidden_states
+    from fedtune.models.tiny import tiny_model
+    from tests.unit.test_classify import pair_tokenizer
+
+    tokenizer = pair_tokenizer()
+    model, _ = tiny_model("bert", tokenizer=tokenizer)
+    records = [Record("ab", "x", input="cde")]
+
+    (batch,) = public_batches(records, tokenizer, max_length=64, batch_size=1, count=None, seed=0)
+
+    direct = tokenizer(["ab"], ["cde"], return_tensors="pt")
+    torch.testing.assert_close(batch["token_type_ids"], direct["token_type_ids"])
+    with torch.no_grad():
+        expected = model.base_model(**direct, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(_hidden_states(model, batch)[-1], expected[-1])

@@ -300,3 +300,55 @@ def test_apoz_of_a_gated_ffn_reads_the_activation_not_its_product_with_up() -> N
     assert zeros.tolist() == expected.tolist()
     assert 0 < zeros.sum() < counted * ffn.width
     assert not ffn.inputs[0]._forward_hooks
+
+
+def test_layer_relative_divides_each_layers_error_by_the_teachers_scale() -> None:
+    """``layer_relative`` (the authors' code): per layer, the squared error over non-pad positions over
+    the teacher's squared norm there, summed over layers; so it does not change with the scale."""
+    teacher = [
+        torch.zeros(1, 3, 2),
+        torch.tensor([[[3.0, 4.0], [0.0, 5.0], [9.0, 9.0]]]),
+        torch.tensor([[[100.0, 0.0], [0.0, 0.0], [1.0, 1.0]]]),
+    ]
+    student = [
+        torch.zeros(1, 3, 2),
+        torch.tensor([[[3.0, 0.0], [0.0, 2.0], [0.0, 0.0]]]),
+        torch.tensor([[[90.0, 0.0], [0.0, 10.0], [7.0, 7.0]]]),
+    ]
+    mask = torch.tensor([[1, 1, 0]])
+    # layer 1: (16 + 9) / (25 + 25); layer 2: (100 + 100) / 10000
+    expected = 25 / 50 + 200 / 10000
+    assert hidden_mse(teacher, student, mask, "layer_relative").item() == pytest.approx(expected)
+    scaled = hidden_mse([7 * t for t in teacher], [7 * s for s in student], mask, "layer_relative")
+    assert scaled.item() == pytest.approx(expected)
+
+
+def test_the_distillation_lr_warms_up_then_follows_a_cosine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedtune.train.optim import schedule_factor
+
+    teacher = bert()
+    student = build_submodel(teacher, select_neurons(teacher, 0.5, ()))
+    seen: list[float] = []
+    step = torch.optim.SGD.step
+
+    def recording(self: torch.optim.SGD, *args: object, **kwargs: object) -> object:
+        seen.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", recording)
+
+    distill_ffns(
+        teacher,
+        student,
+        batches(2),
+        steps=8,
+        lr=0.1,
+        mu=0.0,
+        optimizer="sgd",
+        schedule="cosine",
+        warmup_ratio=0.25,
+    )
+
+    expected = [0.1 * schedule_factor("cosine", s, 8, warmup=2) for s in range(8)]
+    assert seen == pytest.approx(expected)
+    assert seen[0] == pytest.approx(0.05) and seen[1] == pytest.approx(0.1) and seen[-1] < 0.01

@@ -16,7 +16,13 @@ from fedtune.align.tokens import (
     tokenizer_family,
     vocabulary_strings,
 )
-from fedtune.align.vocab import VocabMapStats, brute_force_vocab_map, vocab_map, vocab_map_of_strings
+from fedtune.align.vocab import (
+    VocabMapStats,
+    brute_force_vocab_map,
+    preferred_ids,
+    vocab_map,
+    vocab_map_of_strings,
+)
 
 __all__ = [
     "VocabMapStats",
@@ -27,6 +33,7 @@ __all__ = [
     "display_token",
     "normalize_token",
     "one_to_one",
+    "preferred_ids",
     "project_topk",
     "token_strings",
     "tokenizer_family",

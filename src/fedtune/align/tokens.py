@@ -54,6 +54,11 @@ def _byte_level_decoder() -> dict[str, int]:
     return {chr(char): byte for byte, char in zip(printable, chars, strict=True)}
 
 
+def is_byte_token(token: str) -> bool:
+    """Whether a SentencePiece vocabulary token is a byte-fallback token (``<0x31>``)."""
+    return _BYTE_TOKEN.fullmatch(token) is not None
+
+
 def _decode_bytes(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
 

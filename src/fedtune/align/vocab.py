@@ -2,9 +2,18 @@
 of minimum edit distance, computed once per tokenizer pair and cached on disk.
 
 Rule (on the canonical strings of `fedtune.align.tokens`): minimum Levenshtein distance; ties ->
-the lexicographically smallest target string (Python ``str`` order), then the smallest id. An exact
-match is the distance-0 case of the same rule, so a string present in the target maps to itself
-(to its smallest id if several target ids share it).
+the lexicographically smallest target string (Python ``str`` order), then, among the target ids
+sharing that string, the one the target tokenizer writes for it (`preferred_ids`). An exact match is
+the distance-0 case of the same rule, so a string present in the target maps to itself.
+
+Several ids share a string in a SentencePiece vocabulary with byte fallback (Gemma, Llama-2,
+Mistral): every printable ASCII character is a piece (``1``) and a byte token (``<0x31>``), and the
+byte token comes first. The tokenizer writes the piece (``12`` -> ``1``, ``2``) and falls back to
+bytes only for a character without a piece, so a map to the byte token would put projected knowledge
+on an id the receiver never sees as a label. `preferred_ids` takes the id the tokenizer produces
+when it encodes the string alone (one token in the group), else the smallest id that is not a byte
+token, else the smallest id. The string-level map (ties among equal strings: the smallest id) is what
+the disk cache holds; the choice among equal strings is applied after it, per target tokenizer.
 
 Deviations from FATE-LLM's ``get_vocab_mappings`` (itself FuseLLM's): FATE-LLM breaks ties by the
 order of ``tokenizer.get_vocab()`` (a dict's order, not specified); it maps token strings, so added
@@ -46,7 +55,7 @@ import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
-from fedtune.align.tokens import vocabulary_strings
+from fedtune.align.tokens import is_byte_token, tokenizer_family, vocabulary_strings
 from fedtune.align.vocab_index import TargetIndex
 
 FORMAT_VERSION = 1
@@ -82,10 +91,14 @@ def nearest_targets(
 
 
 def brute_force_vocab_map(
-    source_strings: Sequence[str], target_strings: Sequence[str], source_ids: Sequence[int]
+    source_strings: Sequence[str],
+    target_strings: Sequence[str],
+    source_ids: Sequence[int],
+    preferred: np.ndarray | None = None,
 ) -> np.ndarray:
     """The reference: for each of ``source_ids``, one edit distance call per target string, then the
-    tie rule over all of them (FATE-LLM's loop, plus the tie rule). int64 [len(source_ids)]."""
+    tie rule over all of them (FATE-LLM's loop, plus the tie rule; among equal strings the smallest
+    id, or ``preferred``'s choice when given). int64 [len(source_ids)]."""
     mapped = []
     for source_id in source_ids:
         text = source_strings[source_id]
@@ -94,7 +107,44 @@ def brute_force_vocab_map(
         mapped.append(
             min((target_strings[j], j) for j, distance in enumerate(distances) if distance == best)[1]
         )
-    return np.asarray(mapped, dtype=np.int64)
+    result = np.asarray(mapped, dtype=np.int64)
+    return result if preferred is None else np.asarray(preferred, dtype=np.int64)[result]
+
+
+def preferred_ids(tokenizer: Any, strings: Sequence[str] | None = None) -> np.ndarray:
+    """int64 [len(tokenizer)]: each id -> the id that stands for its canonical string (``strings``,
+    default `vocabulary_strings`). An id whose string no other id has stands for itself; among ids
+    sharing a string: the one ``tokenizer`` writes for the string alone (when it writes one token of
+    the group), else the smallest id that is not a byte-fallback token (``<0xHH>``), else the
+    smallest id (module docstring)."""
+    strings = vocabulary_strings(tokenizer) if strings is None else strings
+    preferred = np.arange(len(strings), dtype=np.int64)
+    groups: dict[str, list[int]] = {}
+    for index, text in enumerate(strings):
+        groups.setdefault(text, []).append(index)
+    shared = {text: ids for text, ids in groups.items() if len(ids) > 1}
+    if not shared:
+        return preferred
+    spm = tokenizer_family(tokenizer) == "sentencepiece"
+    raw = tokenizer.convert_ids_to_tokens([i for ids in shared.values() for i in ids])
+    is_byte = dict(
+        zip(
+            (i for ids in shared.values() for i in ids),
+            (spm and token is not None and is_byte_token(token) for token in raw),
+            strict=True,
+        )
+    )
+    for text, ids in shared.items():
+        chosen = None
+        if text and not any(0xD800 <= ord(char) <= 0xDFFF for char in text):  # lone bytes cannot be encoded
+            written = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(written) == 1 and int(written[0]) in ids:
+                chosen = int(written[0])
+        if chosen is None:
+            pieces = [i for i in ids if not is_byte[i]]
+            chosen = min(pieces or ids)
+        preferred[ids] = chosen
+    return preferred
 
 
 def _vocab_key(source_strings: Sequence[str], target_strings: Sequence[str]) -> str:
@@ -165,7 +215,10 @@ def vocab_map(
     exactly these two vocabularies is there and intact; computed and stored otherwise."""
     source_strings = vocabulary_strings(source_tokenizer)
     target_strings = vocabulary_strings(target_tokenizer)
-    return vocab_map_of_strings(source_strings, target_strings, cache_dir=cache_dir, progress=progress)
+    preferred = preferred_ids(target_tokenizer, target_strings)
+    return vocab_map_of_strings(
+        source_strings, target_strings, cache_dir=cache_dir, progress=progress, preferred=preferred
+    )
 
 
 def cache_path(source_strings: Sequence[str], target_strings: Sequence[str], cache_dir: Path | None) -> Path:
@@ -180,17 +233,24 @@ def vocab_map_of_strings(
     cache_dir: Path | None = None,
     progress: bool = False,
     workers: int | None = None,
+    preferred: np.ndarray | None = None,
 ) -> np.ndarray:
-    """`vocab_map` on canonical strings (index = token id); ``workers`` default: the usable CPUs."""
+    """`vocab_map` on canonical strings (index = token id); ``workers`` default: the usable CPUs.
+
+    ``preferred`` (`preferred_ids` of the target tokenizer) picks the id among target ids sharing a
+    string; without it, the smallest. The cache holds the map before that choice."""
+    if preferred is not None and len(preferred) != len(target_strings):
+        raise ValueError(
+            f"preferred ids for {len(preferred)} target tokens, but there are {len(target_strings)}"
+        )
     path = cache_path(source_strings, target_strings, cache_dir)
-    cached = _read_cache(path, len(source_strings), len(target_strings))
-    if cached is not None:
-        return cached
-    vmap = nearest_targets(
-        source_strings, target_strings, workers=workers or usable_cpus(), progress=progress
-    )
-    _write_cache(path, vmap)
-    return vmap
+    vmap = _read_cache(path, len(source_strings), len(target_strings))
+    if vmap is None:
+        vmap = nearest_targets(
+            source_strings, target_strings, workers=workers or usable_cpus(), progress=progress
+        )
+        _write_cache(path, vmap)
+    return vmap if preferred is None else np.asarray(preferred, dtype=np.int64)[vmap]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ pair (``instruction``, ``input``) when ``input`` is set (sentence-pair tasks, li
 goes through the tokenizer as two segments (``[CLS] a [SEP] b [SEP]`` for BERT). The class of a
 record is its ``label`` when it has ``choices`` (multiple-choice records: the class names are the
 choices), else the index of its ``output`` among the class names.
+
+Segment ids (``token_type_ids``) travel with the token ids whenever the tokenizer returns them (BERT
+and its family): the encoder adds a token-type embedding per segment, so without them the second
+segment would be embedded as the first. Batches then carry ``token_type_ids`` [B, T] and every
+forward here passes them on (`model_inputs`); tokenizers without them (decoders) add nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from fedtune.data.records import DataError, Record
 Batch = dict[str, Tensor]
 CLASS_LABELS = "class_labels"
 """The batch key of the class ids [B] (``labels`` would make transformers compute its own loss)."""
+TOKEN_TYPES = "token_type_ids"
+"""The batch key of the segment ids [B, T], present when the tokenizer gives them."""
 
 
 @dataclass(frozen=True)
 class ClassExample:
     input_ids: list[int]
     label: int
+    token_type_ids: list[int] | None = None
+    """Segment ids (0: first segment, 1: second), when the tokenizer gives them; as long as input_ids."""
 
 
 def class_names(dataset: str, records: Sequence[Record], names: Sequence[str] | None = None) -> list[str]:
@@ -73,29 +82,59 @@ def class_id(record: Record, names: Sequence[str]) -> int:
         ) from None
 
 
-def encode_text(record: Record, tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[int]:
-    """Token ids of what is classified: one segment, or two for pair records; truncated to ``max_length``."""
+def encode_segments(
+    record: Record, tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> tuple[list[int], list[int] | None]:
+    """Token ids of what is classified (one segment, or two for pair records; truncated to
+    ``max_length``) and their segment ids, or None when the tokenizer gives none."""
     second = record.input or None
-    return list(tokenizer(record.instruction, second, truncation=True, max_length=max_length)["input_ids"])
+    encoded = tokenizer(record.instruction, second, truncation=True, max_length=max_length)
+    types = encoded.get("token_type_ids")
+    return list(encoded["input_ids"]), None if types is None else [int(t) for t in types]
+
+
+def encode_text(record: Record, tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[int]:
+    """Token ids of what is classified (`encode_segments` without the segment ids)."""
+    return encode_segments(record, tokenizer, max_length)[0]
+
+
+def encode_example(
+    record: Record, tokenizer: PreTrainedTokenizerBase, label: int, max_length: int
+) -> ClassExample:
+    """``record`` encoded (`encode_segments`) with class id ``label``."""
+    ids, types = encode_segments(record, tokenizer, max_length)
+    return ClassExample(ids, label, types)
 
 
 def encode_classification(
     records: Sequence[Record], tokenizer: PreTrainedTokenizerBase, names: Sequence[str], max_length: int
 ) -> list[ClassExample]:
-    """Token ids (`encode_text`) and class ids."""
-    return [ClassExample(encode_text(rec, tokenizer, max_length), class_id(rec, names)) for rec in records]
+    """Token ids and segment ids (`encode_segments`) and class ids."""
+    return [encode_example(rec, tokenizer, class_id(rec, names), max_length) for rec in records]
 
 
 def collate_classification(examples: Sequence[ClassExample], pad_token_id: int) -> Batch:
-    """Right-padded input_ids [B, T], attention_mask [B, T] and ``class_labels`` [B]."""
+    """Right-padded input_ids [B, T], attention_mask [B, T] and ``class_labels`` [B]; token_type_ids
+    [B, T] (0 on padding) when the examples have segment ids (all of them or none)."""
     width = max(len(ex.input_ids) for ex in examples)
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    typed = [ex.token_type_ids is not None for ex in examples]
+    if any(typed) and not all(typed):
+        raise ValueError("a batch mixes examples with and without segment ids (token_type_ids)")
+    token_types = torch.zeros((len(examples), width), dtype=torch.long) if all(typed) else None
     for row, ex in enumerate(examples):
         input_ids[row, : len(ex.input_ids)] = torch.tensor(ex.input_ids)
         attention_mask[row, : len(ex.input_ids)] = 1
+        if token_types is not None and ex.token_type_ids is not None:
+            if len(ex.token_type_ids) != len(ex.input_ids):
+                raise ValueError("an example's token_type_ids and input_ids differ in length")
+            token_types[row, : len(ex.token_type_ids)] = torch.tensor(ex.token_type_ids)
     labels = torch.tensor([ex.label for ex in examples], dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, CLASS_LABELS: labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, CLASS_LABELS: labels}
+    if token_types is not None:
+        batch[TOKEN_TYPES] = token_types
+    return batch
 
 
 def classification_batches(
@@ -114,9 +153,18 @@ def classification_batches(
     return batches
 
 
+def model_inputs(batch: Batch) -> Batch:
+    """What a forward pass takes from ``batch``: input_ids, attention_mask and, when the batch has
+    them, token_type_ids (never the labels)."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if TOKEN_TYPES in batch:
+        inputs[TOKEN_TYPES] = batch[TOKEN_TYPES]
+    return inputs
+
+
 def class_logits(model: nn.Module, batch: Batch) -> Tensor:
-    """[B, C] logits of a sequence classifier."""
-    logits: Tensor = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    """[B, C] logits of a sequence classifier (segment ids passed on when the batch has them)."""
+    logits: Tensor = model(**model_inputs(batch)).logits
     return logits
 
 

@@ -7,7 +7,9 @@ Neuron-level (eq. 14): clients count per neuron the share of token positions who
 distillation updating only the others (`ffn_grad_masks` zeroes their gradients).
 
 Deviations and choices:
-- GELU and SiLU are never exactly zero, so an activation counts as zero when it is ``<= 0``.
+- An activation counts as zero when it is ``<= 0`` (a negative pre-activation), ReLU's APoZ carried
+  over: GELU and SiLU output a small negative value there and are exactly zero in fp32 only below
+  about -5.5 (GELU; never for SiLU), which the authors' exact-zero count reads (see ``fedpft``).
 - The mu term is computed with gradient w.r.t. the sub-FM's weights (the official code computes it
   without, which ``mu = 0`` reproduces); it costs two ``[H, I] x [I, H]`` products per input
   projection and layer per step.
@@ -30,12 +32,13 @@ from torch import Tensor, nn
 
 from fedtune.models.ffn import FFN, ffn_layers, ffn_parameters
 from fedtune.models.surgery import unwrap
+from fedtune.train.optim import schedule_factor
 
 Batch = Mapping[str, Tensor]
 ApozCounts = dict[int, tuple[np.ndarray, int]]
 
 
-HiddenLoss = Literal["mse", "token_relative"]
+HiddenLoss = Literal["mse", "token_relative", "layer_relative"]
 
 
 def hidden_mse(
@@ -49,13 +52,16 @@ def hidden_mse(
     ``mse`` (eq. 13): the mean squared error over positions and features. ``token_relative``: each
     position's squared error divided by the teacher's squared norm there, averaged over positions,
     so that no position outweighs the others (decoders put activations thousands of times larger
-    than the rest on their first token). Index 0 (the embedding output of ``output_hidden_states``)
-    is skipped; ``attention_mask`` [B, T]; the teacher's states are constants. Returns a scalar (fp32).
+    than the rest on their first token). ``layer_relative`` (the authors' code): each layer's squared
+    error over its non-pad positions divided by the teacher's squared norm over the same positions, so
+    that every layer counts at its own scale. Index 0 (the embedding output of
+    ``output_hidden_states``) is skipped; ``attention_mask`` [B, T]; the teacher's states are
+    constants. Returns a scalar (fp32).
     """
     if len(teacher_hidden) != len(student_hidden):
         raise ValueError(f"{len(teacher_hidden)} teacher hidden states, {len(student_hidden)} student ones")
-    if kind not in ("mse", "token_relative"):
-        raise ValueError(f"unknown hidden-state loss {kind!r}; use mse or token_relative")
+    if kind not in ("mse", "token_relative", "layer_relative"):
+        raise ValueError(f"unknown hidden-state loss {kind!r}; use mse, token_relative or layer_relative")
     mask = attention_mask.to(dtype=torch.float32, device=student_hidden[0].device)
     total = student_hidden[0].new_zeros((), dtype=torch.float32)
     for teacher, student in zip(teacher_hidden[1:], student_hidden[1:], strict=True):
@@ -63,6 +69,9 @@ def hidden_mse(
         squared = (student.float() - target).pow(2).sum(-1)  # [B, T]
         if kind == "mse":
             total = total + (squared * mask).sum() / (mask.sum() * student.shape[-1])
+        elif kind == "layer_relative":
+            scale = (target.pow(2).sum(-1) * mask).sum().clamp_min(1e-12)
+            total = total + (squared * mask).sum() / scale
         else:
             scale = target.pow(2).sum(-1).clamp_min(1e-12)
             total = total + (squared / scale * mask).sum() / mask.sum()
@@ -141,14 +150,16 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _hidden_states(model: nn.Module, batch: Batch) -> tuple[Tensor, ...]:
-    """Every layer's output of the backbone (no LM / classification head) on ``batch``."""
+    """Every layer's output of the backbone (no LM / classification head) on ``batch``; its
+    ``token_type_ids`` (a pair's segment ids, for BERT-family encoders) are passed on when present."""
     device = _device(model)
     backbone = unwrap(model).base_model
-    out = backbone(
-        input_ids=batch["input_ids"].to(device),
-        attention_mask=batch["attention_mask"].to(device),
-        output_hidden_states=True,
-    )
+    inputs = {
+        key: batch[key].to(device)
+        for key in ("input_ids", "attention_mask", "token_type_ids")
+        if key in batch
+    }
+    out = backbone(**inputs, output_hidden_states=True)
     return tuple(out.hidden_states)
 
 
@@ -167,7 +178,7 @@ def apoz_counts(model: nn.Module, batches: Sequence[Batch]) -> ApozCounts:
     output projection; a gated decoder's SiLU(gate) (GELU-tanh for Gemma), which is ``<= 0`` exactly
     where the gate projection's output is, read there (the product with ``up`` that multiplies
     W_out's columns has the sign of ``up`` as well, which says nothing about the neuron's activity).
-    Eval mode without gradient; batches need input_ids and attention_mask.
+    Eval mode without gradient; batches need input_ids and attention_mask (token_type_ids if any are used).
     """
     counts: dict[int, list[Any]] = {}
     state: dict[str, Tensor] = {}
@@ -270,16 +281,26 @@ def distill_ffns(
     clip_norm: float = 1.0,
     optimizer: str = "adamw",
     hidden_loss: HiddenLoss = "mse",
+    schedule: str = "constant",
+    warmup_ratio: float = 0.0,
+    extra_params: Mapping[str, nn.Parameter] | None = None,
 ) -> DistillStats:
     """Train only the student's FFN parameters for ``steps`` steps (cycling ``batches``) on eq. 13.
 
     Both models run in eval mode (no dropout); requires_grad flags and modes are restored afterwards.
     ``grad_masks`` (from `ffn_grad_masks`) multiply the gradients, so masked entries never move.
+    The learning rate warms up linearly over ``warmup_ratio`` of the steps, then stays (``schedule``
+    constant) or decays to 0 (cosine). ``extra_params`` (keyed like the unwrapped student names them,
+    e.g. the compressed layers' output LayerNorm) train too, unmasked.
     Models may be peft-wrapped and have any head: only the backbone's hidden states are used.
     """
     if steps < 1 or not batches:
         raise ValueError(f"distillation needs steps >= 1 and at least one batch, got {steps} steps")
     params = ffn_parameters(student)
+    clash = sorted(set(extra_params or {}) & set(params))
+    if clash:
+        raise ValueError(f"{clash[0]} is an FFN parameter: extra_params are trained beside the FFNs")
+    params.update(extra_params or {})
     flags = {name: p.requires_grad for name, p in student.named_parameters()}
     modes = (teacher.training, student.training)
     ffns = (ffn_layers(teacher), ffn_layers(student))
@@ -293,12 +314,19 @@ def distill_ffns(
         teacher.eval()
         student.eval()
         opt = _optimizer(optimizer, list(params.values()), lr)
+        warmup = int(warmup_ratio * steps)
+        scheduler = None
+        if schedule != "constant" or warmup > 0:
+            factor = functools.partial(schedule_factor, schedule, total=steps, warmup=warmup)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         for step in range(steps):
             batch = batches[step % len(batches)]
             losses.append(_distill_step(teacher, student, batch, mu, ffns, hidden_loss))
             _mask_and_clip(params, grad_masks, clip_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
     finally:
         for name, p in student.named_parameters():
             p.requires_grad_(flags[name])

@@ -22,7 +22,9 @@ emulator model = embeddings + E + A + final norm + head, and train only A.
   AdapFu (A + E*, i.e. the adapter plugged back into the full model, prefix ``adapfu/``).
 
 Baselines: **FedOT** = ``split: first_last`` (adapter = first 2 + last 2 layers), ``align_steps: 0``
-(emulator fixed after the initial distillation), ``prox_eps: 0``; **Offsite-tuning** = FedOT with
+(emulator fixed after the initial distillation), ``prox_eps: 0``, ``align_lambda: 0`` (their emulator
+is distilled by the normalised hidden-state MSE alone: their own objective is a relative MSE plus the LM
+loss, of which fedtune has the MSE; FedBiOT's KL term is no part of it); **Offsite-tuning** = FedOT with
 ``fed.mode: centralized`` (one client holding all data).
 
 Adapter training is the full adapter layers (paper) or LoRA on them (``adapter_mode: lora``).

@@ -64,7 +64,9 @@ def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -
     ``batch`` (``input_ids``/``attention_mask`` [B, T]).
 
     ``hidden_states[k]`` is the input of decoder layer k (0: the embeddings), so the output of layer
-    i is index i + 1. For plain-head families the LM head runs on the non-pad positions only.
+    i is index i + 1 for i < n - 1; the last index n is the last layer's output after the final norm,
+    which no split reads (E* always ends below the top adapter). For plain-head families the LM head
+    runs on the non-pad positions only.
     """
     causal: Any = unwrap(model)
     mask = batch["attention_mask"].bool()

@@ -22,8 +22,10 @@ Settings: Heterogeneous (``clients`` lists different SLMs), Homogeneous (one SLM
 ``slm_fedavg: true`` averages their LoRA after local training, before distillation), One-to-One (one
 client). Baselines: Zero-shot (round 0, ``eval.before``), Standalone (``fed.mode: standalone``: local
 training only, nothing transferred), LLM2SLM (``llm_learns: false``: the LLM stays frozen and only
-teaches), FedAvg and Centralized (``fedit`` on the SLM / the LLM). Evaluation: the LLM on the test
-set (server), every SLM on its client's held-out split (``eval.personal``).
+teaches), FedAvg (``fedit`` on the SLM), Centralized (``fed.mode: centralized``: one party tunes
+``model:`` on the union of the clients' private data and the public set, as the paper) and the LLM on
+the public set only (``lam: 1``, ``slm_learns: false``). Evaluation: the LLM on the test set (server),
+every SLM on its client's held-out split (``eval.personal``).
 
 The package: ``config`` (the ``fedmkt:`` section), ``maths`` (DualMinCE, the mixed loss, the
 alignment of knowledge between tokenizations), ``wire`` (what travels: losses and top-k only),

@@ -45,10 +45,13 @@ from fedtune.train.loop import TrainResult
 
 # ----- every party ----------------------------------------------------------------------------------
 def slm_spec(cfg: ExperimentConfig, client: str) -> ModelSpec:
-    """The model ``client`` holds: ``fedmkt.clients[NN % len]`` for client ``cNN``, else ``model:``."""
+    """The model ``client`` holds: ``fedmkt.clients[NN % len]`` for client ``cNN``, else (and in
+    ``fed.mode: centralized``, whose one party tunes the run's model) ``model:``."""
     section: FedMKTConfig = cfg.section("fedmkt")
     base = model_spec(cfg.model, cfg.seed)
-    return base.replace(name=section.client_model(client)) if section.clients else base
+    if cfg.fed.mode == "centralized" or not section.clients:
+        return base
+    return base.replace(name=section.client_model(client))
 
 
 def lora_model(
@@ -119,8 +122,11 @@ def transfer_rows(
 
 # ----- the client's tasks ---------------------------------------------------------------------------
 def fit(ctx: ClientContext, msg: Payload) -> Payload:
-    """Alg. 1 lines 3-6: E epochs on the private data, then loss and top-k on the public set."""
+    """Alg. 1 lines 3-6: E epochs on the private data, then loss and top-k on the public set
+    (``fed.mode: centralized``: `fit_centralized`)."""
     cfg, section = ctx.cfg, ctx.cfg.section("fedmkt")
+    if cfg.fed.mode == "centralized":
+        return fit_centralized(ctx, msg)
     model, tokenizer, spec = _own(ctx)
     params = adapter_parameters(model)
     data = cfg.data
@@ -138,6 +144,29 @@ def fit(ctx: ClientContext, msg: Payload) -> Payload:
         own = knowledge(cfg, model, tokenizer, view)
         ctx.state["public_loss"] = own.losses
         reply.update(own.pack(PUBLIC, len(tokenizer), compress=section.compress))
+    return reply
+
+
+def fit_centralized(ctx: ClientContext, msg: Payload) -> Payload:
+    """The Centralized baseline's one party: the adapter it was sent (the server's, so a resumed run
+    goes on from the checkpoint), ``train:`` on its data (every client's) plus the public set, the
+    trained adapter in the reply. ``num_examples`` stays the private count (what the server knows the
+    party holds); ``trained_examples`` counts the public examples too."""
+    cfg = ctx.cfg
+    spec = slm_spec(cfg, ctx.client_id)
+    model, tokenizer, _ = lora_model(cfg, ctx.resources, spec)
+    load_adapter(model, {k: np.asarray(v, dtype=np.float32) for k, v in arrays(msg, ADAPTER).items()})
+    data = cfg.data
+    examples = ctx.resources.get(
+        f"fedmkt/central-examples/{ctx.client_id}",
+        lambda: encode_records(
+            [*ctx.data, *public_records(cfg, ctx.public)], tokenizer, data.template, data.max_length
+        ),
+    )
+    params = adapter_parameters(model)
+    result = train_selected(ctx, model, params, examples, pad_token_id=int(tokenizer.pad_token_id or 0))
+    reply: Payload = dict(fit_scalars(ctx, result))
+    reply.update({ADAPTER + k: v for k, v in adapter_arrays(model).items()})
     return reply
 
 

@@ -41,13 +41,26 @@ sent and its data), ``server`` (the full model, derivation and distillations, ro
 state) and ``final`` (the full classifier with the final LoRA + head).
 
 Choices where the paper is silent, and deviations:
-- APoZ counts an activation as zero when it is <= 0: GELU and SiLU are never exactly zero. The
-  activation is the nonlinearity's output: BERT's GELU(x W_in); a gated decoder's SiLU(x W_gate)
-  (not its product with x W_up, whose sign is also up's), which is <= 0 exactly where x W_gate is;
-  over non-pad tokens, on up to ``apoz_examples`` examples per client.
+- APoZ counts an activation as zero when it is <= 0, i.e. where the pre-activation is negative: the
+  rule of ReLU's APoZ carried over to GELU and SiLU, which give a small negative output (at least
+  -0.17 for GELU, -0.28 for SiLU) for every negative input. The authors' code counts outputs that
+  are exactly zero after GELU; in fp32 that happens only for pre-activations below about -5.5 (-5.06
+  for the tanh approximation) and never for SiLU. Measured on SmolLM2-135M (SiLU gates, 547 tokens of
+  ``wordnet-lexclass``): 61.7% of gate pre-activations are <= 0, 0% of SiLU outputs are exactly 0 and
+  0.02% of pre-activations are below -5.5, so the exact-zero rule gives every neuron an APoZ of about
+  0 and the neurons to freeze would be picked by ties. The activation is the nonlinearity's output:
+  BERT's GELU(x W_in); a gated decoder's SiLU(x W_gate) (not its product with x W_up, whose sign is
+  also up's), which is <= 0 exactly where x W_gate is; over non-pad tokens, on up to
+  ``apoz_examples`` examples per client.
 - Both distillations run with the current global LoRA loaded into the full model and the sub-model,
   in eval mode (no dropout); layers kept whole are never trained, so they stay equal to the full model's.
 - The hidden-state MSE is averaged over non-pad positions of each layer and summed over layers.
+- Options closer to the authors' code, all off by default: ``hidden_loss: layer_relative`` (each
+  layer's squared error over the full model's squared norm at the same positions), ``distill_norms``
+  (the compressed layers' FFN output LayerNorm trains and travels with their FFN), ``distill_schedule:
+  cosine`` with ``distill_warmup_ratio`` (linear warmup, then cosine decay, in each distillation).
+- A pair's segment ids (``token_type_ids``) travel with its tokens into client training, evaluation,
+  both distillations and the APoZ counts (``fedtune.data.classify``).
 - ``hidden_loss: token_relative`` (an option; the default ``mse`` is eq. 13) divides each position's
   squared error by the full model's squared norm there before averaging. Decoders (SmolLM2, Llama)
   carry activations ~1e3 times larger than elsewhere on their first token from the middle layers on,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune.data.classify import ClassExample, classification_batches, encode_text
+from fedtune.data.classify import classification_batches, encode_example
 from fedtune.data.records import Record
 from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
 from fedtune.models.ffn_distill import ffn_grad_masks
@@ -67,11 +67,12 @@ def public_batches(
     seed: int,
 ) -> list[dict[str, torch.Tensor]]:
     """``count`` of ``records`` (a seeded sample; all when fewer), their texts tokenized (no class:
-    distillation reads only the texts) and batched: ``input_ids``/``attention_mask`` [B, T] per batch."""
+    distillation reads only the texts) and batched: ``input_ids``/``attention_mask`` [B, T] per batch,
+    and ``token_type_ids`` [B, T] for a tokenizer with segment ids (pair records are two segments)."""
     chosen = sample_indices(len(records), count, [seed, 0xFF])
     if chosen is not None:
         records = [records[i] for i in chosen]
-    examples = [ClassExample(encode_text(r, tokenizer, max_length), 0) for r in records]
+    examples = [encode_example(r, tokenizer, 0, max_length) for r in records]
     return classification_batches(examples, batch_size, int(tokenizer.pad_token_id or 0), seed=seed)
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from fedtune.algorithms.fedpft.config import FedPFTConfig
 from fedtune.algorithms.fedpft.maths import adapter_layers, count, kept_layers, model_params
 from fedtune.algorithms.local import REPLY_SCALARS
-from fedtune.config import LoraConfig
+from fedtune.config import ConfigError, LoraConfig
 from fedtune.fl.broadcast import VersionedBroadcast
 from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.fl.validation import ReplySpec
@@ -57,14 +57,16 @@ ATTENTION_TARGETS = {  # the default of ``lora.target_modules: auto``
 @dataclass(frozen=True)
 class Layout:
     """Which original layers the client model holds, each held layer's FFN width, the positions of
-    the layers whose FFN is narrower than the full model's (the ones the distillations train), and
-    the original layers whose attention LoRA trains (None: every held layer; FedOT: its adapter)."""
+    the layers whose FFN is narrower than the full model's (the ones the distillations train), the
+    original layers whose attention LoRA trains (None: every held layer; FedOT: its adapter), and
+    whether the compressed layers' FFN output norms train with their FFNs (``fedpft.distill_norms``)."""
 
     num_layers: int
     layers: tuple[int, ...]
     widths: tuple[int, ...]
     compressed: tuple[int, ...] = ()
     tuned: tuple[int, ...] | None = None
+    norms: bool = False
 
     def positions(self) -> dict[int, int]:
         """Original layer index -> position in the client model."""
@@ -86,6 +88,7 @@ def layout_payload(layout: Layout) -> Payload:
         LAYOUT + "widths": np.asarray(layout.widths, dtype=np.int32),
         LAYOUT + "compressed": np.asarray(layout.compressed, dtype=np.int32),
         **({} if layout.tuned is None else {LAYOUT + "tuned": np.asarray(layout.tuned, dtype=np.int32)}),
+        **({LAYOUT + "norms": 1} if layout.norms else {}),
     }
 
 
@@ -94,7 +97,10 @@ def layout_from(msg: Payload) -> Layout:
         return tuple(int(i) for i in np.asarray(msg[LAYOUT + key]).tolist())
 
     tuned = ints("tuned") if LAYOUT + "tuned" in msg else None
-    return Layout(int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"), tuned)
+    norms = bool(int(msg.get(LAYOUT + "norms", 0)))
+    return Layout(
+        int(msg[LAYOUT + "num_layers"]), ints("layers"), ints("widths"), ints("compressed"), tuned, norms
+    )
 
 
 def attention_targets(model: nn.Module) -> list[str]:
@@ -129,7 +135,49 @@ def derive_client_model(base: Any, section: FedPFTConfig) -> tuple[Any, Layout]:
     widths = tuple(ffn.width for ffn in ffn_layers(client))
     full_widths = {ffn.layer: ffn.width for ffn in ffn_layers(base)}
     compressed = tuple(pos for pos, layer in enumerate(layers) if widths[pos] < full_widths[layer])
-    return client, Layout(n, layers, widths, compressed, tuned)
+    norms = section.distill_norms and bool(compressed)
+    if norms:
+        missing = sorted(set(compressed) - set(output_norm_names(client)))
+        if missing:
+            raise ConfigError(
+                f"fedpft.distill_norms: the {unwrap(client).config.model_type} model has no norm right "
+                f"after the FFN of layer {layers[missing[0]]} (BERT's output.LayerNorm, Gemma-3's "
+                "post_feedforward_layernorm); set fedpft.distill_norms: false"
+            )
+    return client, Layout(n, layers, widths, compressed, tuned, norms)
+
+
+def output_norm_names(model: nn.Module) -> dict[int, str]:
+    """Layer position -> the module name (in the unwrapped model) of the norm applied right after its
+    FFN's output: BERT's ``<layer>.output.LayerNorm`` (over FFN output + residual), Gemma-3's
+    ``<layer>.post_feedforward_layernorm``; layers without one (Llama, Qwen2: pre-norm only) are absent."""
+    base = unwrap(model)
+    found: dict[int, str] = {}
+    for ffn in ffn_layers(base):
+        owner = ffn.output_name.rsplit(".", 1)[0]  # BERT: <layer>.output; gated: <layer>.mlp
+        if owner.endswith(".output"):
+            name = f"{owner}.LayerNorm"
+        else:
+            name = f"{owner.rsplit('.', 1)[0]}.post_feedforward_layernorm"
+        try:
+            base.get_submodule(name)
+        except AttributeError:
+            continue
+        found[ffn.layer] = name
+    return found
+
+
+def output_norm_parameters(model: nn.Module, positions: Iterable[int]) -> dict[str, nn.Parameter]:
+    """The parameters of the FFN output norms (`output_norm_names`) of the layers at ``positions``,
+    keyed as the unwrapped model names them (what `distill_ffns` trains beside the FFNs)."""
+    base = unwrap(model)
+    names = output_norm_names(base)
+    return {
+        f"{names[pos]}.{n}": p
+        for pos in positions
+        if pos in names
+        for n, p in base.get_submodule(names[pos]).named_parameters()
+    }
 
 
 def _original_names(model: nn.Module, layout: Layout | None) -> dict[str, nn.Parameter]:
@@ -165,8 +213,20 @@ def ffn_parameters(
 
 
 def distilled_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
-    """The compressed layers' FFNs: what the distillations change (re-sent after each)."""
-    return ffn_parameters(model, layout, layout.compressed)
+    """The compressed layers' FFNs (and with ``layout.norms`` their FFN output norms): what the
+    distillations change (re-sent after each)."""
+    params = ffn_parameters(model, layout, layout.compressed)
+    if layout.norms:
+        wanted = {id(p) for p in output_norm_parameters(model, layout.compressed).values()}
+        params.update({k: p for k, p in _original_names(model, layout).items() if id(p) in wanted})
+    return params
+
+
+def server_parameters(model: nn.Module, layout: Layout | None) -> dict[str, nn.Parameter]:
+    """What the server's distillations may have changed in the client model, for its checkpoint: every
+    FFN, and the compressed layers' output norms when they train."""
+    params = ffn_parameters(model, layout)
+    return params if layout is None else {**params, **distilled_parameters(model, layout)}
 
 
 def frozen_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
