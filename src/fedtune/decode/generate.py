@@ -319,3 +319,102 @@ def generate_texts(
             stop_strings=stop_strings,
             progress=progress,
         )
+
+
+class TextStream:
+    """One prompt's continuation as text deltas, one model step per ``next()`` (what a streaming API sends).
+
+    Every step runs under its own ``torch.inference_mode()`` and keeps nothing else of the thread's
+    state between steps, so several streams may take turns on one thread (a server's model worker).
+    The concatenated deltas equal what ``decode_texts`` returns for the prompt alone with the same
+    arguments (greedy, or sampled with the same ``seed``): the same step function, sampler and stop
+    rules. A delta is held back while it could still be the start of a stop string or ends inside a
+    multi-byte character. After the last delta, ``finish_reason`` is ``"stop"`` (EOS or a stop string)
+    or ``"length"`` (``max_new_tokens`` reached) and ``new_tokens`` counts the tokens generated.
+    """
+
+    def __init__(
+        self,
+        step_fn: StepFn,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Sequence[int],
+        *,
+        device: torch.device,
+        eos_token_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_strings: Sequence[str] = (),
+    ) -> None:
+        check_sampling(temperature, top_p)
+        if not prompt_ids:
+            raise ValueError("the prompt has no tokens")
+        self.step_fn, self.tokenizer = step_fn, tokenizer
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.stop_strings = [s for s in stop_strings if s]
+        self.eos = set(int(i) for i in eos_token_ids)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.device = device
+        self._ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+        self._mask = torch.ones_like(self._ids)
+        self._positions = positions_from_mask(self._mask)
+        self._tokens: list[int] = []
+        self._sent = 0
+        self._text = ""
+        self.finish_reason: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self._tokens)
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def close(self) -> None:
+        """End the stream early (a client went away); no further steps run."""
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+
+    def __next__(self) -> str:
+        while self.finish_reason is None:
+            delta = self._step()
+            if delta:
+                return delta
+        raise StopIteration
+
+    def _step(self) -> str:
+        if len(self._tokens) >= self.max_new_tokens:
+            return self._finish("length")
+        with torch.inference_mode():
+            logits = self.step_fn(self._ids, self._mask, self._positions)
+            token = int(sample_next(logits, self.temperature, self.top_p, self.generator)[0])
+        if token in self.eos:
+            return self._finish("stop")
+        self._tokens.append(token)
+        self._ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        self._positions = self._positions[:, -1:] + 1
+        self._mask = torch.cat([self._mask, self._mask.new_ones((1, 1))], dim=1)
+        self._text = str(self.tokenizer.decode(self._tokens, skip_special_tokens=True))
+        if self.stop_strings and any(stop in self._text for stop in self.stop_strings):
+            self._text = cut_at_stop(self._text, self.stop_strings)
+            return self._finish("stop")
+        if len(self._tokens) >= self.max_new_tokens:
+            return self._finish("length")
+        # Hold back what may still become a stop string, or a character cut in the middle.
+        hold = max((len(stop) - 1 for stop in self.stop_strings), default=0)
+        safe = len(self._text) - hold
+        while safe > self._sent and self._text[safe - 1] == "\ufffd":
+            safe -= 1
+        return self._emit(safe)
+
+    def _emit(self, upto: int) -> str:
+        if upto <= self._sent:
+            return ""
+        delta = self._text[self._sent : upto]
+        self._sent = upto
+        return delta
+
+    def _finish(self, reason: str) -> str:
+        self.finish_reason = reason
+        return self._emit(len(self._text))

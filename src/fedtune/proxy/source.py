@@ -2,8 +2,9 @@
 
 FedPT's server may reach the large LM only through its predictions. ``LogitSource`` is that
 boundary: scoring a teacher-forced batch (for distillation and perplexity) and incremental
-decoding sessions (for proxy-tuned generation). ``LocalLogitSource`` serves a local model; a
-remote logits endpoint would implement the same two calls.
+decoding sessions (for proxy-tuned generation). ``LocalLogitSource`` serves a local model;
+``fedtune.proxy.http_source.HTTPLogitSource`` a model behind an OpenAI-compatible API (vLLM, or
+``fedtune serve MODEL``) that returns log-probabilities by token id.
 """
 
 from __future__ import annotations

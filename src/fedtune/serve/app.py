@@ -1,0 +1,204 @@
+"""The HTTP application ``fedtune serve`` runs: a service's routes, OpenAI-shaped errors, a bearer token.
+
+A service (``logits.LogitsService`` for a model, ``run.RunService`` for a finished run) answers requests
+on one model worker thread: requests are received concurrently, the model computes one step at a time.
+Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with its status (400 a request
+the server cannot serve, 401 a missing or wrong API key, 404 an unknown model or route, 422 a body that
+does not fit the schema, 500 a failure, logged on the server); a traceback never leaves the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, Protocol, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fedtune.serve.protocol import APIError, bad_request, error_body, now
+
+log = logging.getLogger("fedtune.serve")
+
+T = TypeVar("T")
+
+OPEN_PATHS = frozenset({"/health"})
+"""Paths answered without the API key (a load balancer's health check)."""
+
+
+class ModelWorker:
+    """One thread that runs every model call, in the order they come."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedtune-serve-model")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Service(Protocol):
+    """What the application serves: one model under ``name``."""
+
+    name: str
+    max_model_len: int | None
+
+    def mount(self, app: FastAPI, worker: ModelWorker) -> None:
+        """Add the service's routes to ``app``; model work goes through ``worker``."""
+        ...
+
+
+def json_response(content: Any, status: int = 200) -> Response:
+    """``content`` as compact JSON, without FastAPI's slow per-value encoder (prompt logprobs are large)."""
+    return Response(
+        json.dumps(content, separators=(",", ":")), status_code=status, media_type="application/json"
+    )
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """404 for a request naming another model (leaving ``model`` out means the served one)."""
+    if requested is not None and requested != served:
+        raise APIError(
+            404,
+            f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def sse(chunks: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``; an error after the first
+    chunk (the status is already sent) is sent as a last ``data: {"error": ...}`` event."""
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            if hasattr(chunks, "__aiter__"):
+                async for chunk in chunks:
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+            else:
+                for chunk in chunks:
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+        except APIError as exc:
+            yield f"data: {json.dumps(exc.body())}\n\n".encode()
+            return
+        except Exception:
+            log.exception("streaming a response failed")
+            body = error_body(
+                "the server failed while streaming this response (logged on the server)", "server_error"
+            )
+            yield f"data: {json.dumps(body)}\n\n".encode()
+            return
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def build_app(service: Service, *, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``service``; with ``api_key`` every route but ``/health`` needs
+    ``Authorization: Bearer <api_key>``."""
+    worker = ModelWorker()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        worker.close()
+
+    app = FastAPI(
+        title=f"fedtune serve: {service.name}",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.worker = worker
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+            kind = "not_found_error"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+            kind = "invalid_request_error"
+        else:
+            message, kind = str(exc.detail), "invalid_request_error"
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        body = error_body("the server failed to answer this request (logged on the server)", "server_error")
+        return JSONResponse(body, status_code=500)
+
+    if api_key:
+        expected = api_key.encode()
+
+        @app.middleware("http")
+        async def authenticate(request: Request, call_next: Any) -> Any:
+            if request.url.path not in OPEN_PATHS:
+                scheme, _, token = request.headers.get("authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+                    return JSONResponse(
+                        error_body(
+                            "missing or wrong API key: send `Authorization: Bearer <key>`",
+                            "authentication_error",
+                            code="invalid_api_key",
+                        ),
+                        status_code=401,
+                    )
+            return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    def card() -> dict[str, Any]:
+        return {
+            "id": service.name,
+            "object": "model",
+            "created": now(),
+            "owned_by": "fedtune",
+            "root": service.name,
+            "parent": None,
+            "max_model_len": service.max_model_len,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return json_response({"object": "list", "data": [card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        check_model(model_id, service.name)
+        return json_response(card())
+
+    service.mount(app, worker)
+    return app

@@ -1,0 +1,293 @@
+"""A finished run's final model behind OpenAI's chat and completions endpoints.
+
+The model is whatever the run's method says its final model is (``Algorithm.final_model``, loaded by
+``fedtune.artifacts.load_final``): this module never asks which method made the run. It decodes through
+``FinalModel.stream``, token by token where the model has a decoder.
+
+- ``POST /v1/chat/completions``: the messages rendered with the run's prompt template
+  (``data.template``): ``chat`` renders the whole conversation with the tokenizer's chat template;
+  ``alpaca`` and ``plain`` hold one instruction, so they take exactly one user message.
+- ``POST /v1/completions``: the prompt as sent, no template (a text or a list of texts).
+- Both: ``max_tokens`` (completions: 16 by default, as OpenAI; chat: ``DEFAULT_CHAT_TOKENS``),
+  ``temperature`` (default 1, 0 greedy), ``top_p``, ``stop`` (up to 4 strings, cut from the text),
+  ``seed`` (default: a fresh one per request), ``stream`` (server-sent events ending ``data: [DONE]``);
+  ``n`` must be 1, and log-probabilities are not served (``fedtune serve MODEL`` serves them for a model).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from fedtune.algorithms.final import FinalModel, FinalModelError
+from fedtune.data.records import Record
+from fedtune.data.templates import build_prompt
+from fedtune.serve.app import ModelWorker, check_model, json_body, json_response, sse
+from fedtune.serve.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    bad_request,
+    new_id,
+    now,
+    parse,
+)
+
+DEFAULT_COMPLETION_TOKENS = 16
+"""``max_tokens`` of a completion request that names none (OpenAI's default)."""
+DEFAULT_CHAT_TOKENS = 256
+"""``max_tokens`` of a chat request that names none (OpenAI's is the context: small models need a bound)."""
+
+
+class RunService:
+    """``final`` (a run's final model) served under ``name``."""
+
+    def __init__(self, final: FinalModel, name: str) -> None:
+        if not final.generates:
+            raise FinalModelError(
+                f"the final model of a {final.cfg.algorithm!r} run scores but does not generate text, so "
+                "there is nothing to serve on the chat or completions endpoints (`fedtune eval` scores it)"
+            )
+        self.final = final
+        self.name = name
+        self.tokenizer = final.tokenizer
+        self.template = final.cfg.data.template
+        self.max_model_len: int | None = getattr(self.tokenizer, "model_max_length", None)
+        if self.max_model_len is not None and self.max_model_len > 10**8:
+            self.max_model_len = None  # transformers' "no limit" sentinel
+
+    # ----- routes ---------------------------------------------------------------------------------
+    def mount(self, app: FastAPI, worker: ModelWorker) -> None:
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            body = parse(CompletionRequest, await json_body(request))
+            self._check(body)
+            if body.echo or body.logprobs is not None or body.prompt_logprobs is not None:
+                raise bad_request(
+                    "echo and logprobs are not served for a run's final model "
+                    "(`fedtune serve MODEL` serves a model's log-probabilities)",
+                    "logprobs" if body.echo is False else "echo",
+                )
+            prompts = []
+            for prompt in body.prompts():
+                if not isinstance(prompt, str):
+                    raise bad_request("send the prompt as text (token ids are not accepted here)", "prompt")
+                if not prompt:
+                    raise bad_request("the prompt is empty", "prompt")
+                prompts.append(prompt)
+            max_tokens = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens
+            if body.stream and len(prompts) != 1:
+                raise bad_request("stream takes one prompt", "prompt")
+            opened = [await worker.run(self.open, body, prompt, max_tokens) for prompt in prompts]
+            if body.stream:
+                return sse(self._completion_chunks(worker, opened[0]))
+            return json_response(await self._completion(worker, opened))
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            body = parse(ChatRequest, await json_body(request))
+            self._check(body)
+            if body.logprobs or body.top_logprobs:
+                raise bad_request("logprobs are not served for a run's final model", "logprobs")
+            prompt = self.render(body)
+            limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            max_tokens = DEFAULT_CHAT_TOKENS if limit is None else limit
+            opened = await worker.run(self.open, body, prompt, max_tokens)
+            if body.stream:
+                usage = bool((body.stream_options or {}).get("include_usage"))
+                return sse(self._chat_chunks(worker, opened, usage))
+            return json_response(await self._chat(worker, opened))
+
+    def _check(self, body: SamplingRequest) -> None:
+        check_model(body.model, self.name)
+        if body.n != 1:
+            raise bad_request("n > 1 is not supported by this server", "n")
+
+    # ----- prompts --------------------------------------------------------------------------------
+    def render(self, body: ChatRequest) -> str:
+        """The conversation as the prompt text the run's model was trained on."""
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        if self.template == "chat":
+            if messages[-1]["role"] == "assistant":
+                raise bad_request("the last message is the assistant's: nothing to answer", "messages")
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            assert isinstance(rendered, str)
+            return rendered
+        if len(messages) != 1 or messages[0]["role"] != "user":
+            raise bad_request(
+                f"this run's model was trained with the {self.template!r} template, which holds one "
+                "instruction: send exactly one user message (or use /v1/completions with a prompt of your "
+                "own)",
+                "messages",
+            )
+        return build_prompt(Record(messages[0]["content"], "-"), self.template, self.tokenizer)
+
+    def open(self, body: SamplingRequest, prompt: str, max_tokens: int) -> Opened:
+        """The model's text stream for ``prompt`` (on the worker: it tokenizes; decoding starts on the
+        first ``next``), or a 400 before anything is sent."""
+        prompt_tokens = len(self.tokenizer(prompt)["input_ids"])
+        if self.max_model_len is not None and prompt_tokens + max_tokens > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{prompt_tokens} and max_tokens asks for {max_tokens} more",
+                "max_tokens",
+            )
+        try:
+            stream = self.final.stream(
+                prompt,
+                max_new_tokens=max_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                seed=secrets.randbits(31) if body.seed is None else body.seed,
+                stop=body.stop_strings(),
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        return Opened(stream, prompt_tokens, self.tokenizer)
+
+    @staticmethod
+    async def _whole(worker: ModelWorker, opened: Opened) -> tuple[str, str, dict[str, int]]:
+        def whole() -> tuple[str, str, dict[str, int]]:
+            text = "".join(opened.stream)
+            return text, opened.finish_reason(), opened.usage(text)
+
+        return await worker.run(whole)
+
+    @staticmethod
+    async def _deltas(worker: ModelWorker, opened: Opened) -> AsyncIterator[str]:
+        """Each text delta as it is decoded (one model step at a time on the worker)."""
+        end = object()
+        try:
+            while True:
+                delta = await worker.run(next, opened.stream, end)
+                if delta is end:
+                    return
+                yield str(delta)
+        finally:
+            close = getattr(opened.stream, "close", None)
+            if close is not None:
+                worker.submit(close)  # after any step still running, on the worker
+
+    # ----- completions ----------------------------------------------------------------------------
+    async def _completion(self, worker: ModelWorker, opened: list[Opened]) -> dict[str, Any]:
+        choices, totals = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for index, one in enumerate(opened):
+            text, reason, usage = await self._whole(worker, one)
+            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
+            totals = {key: totals[key] + usage[key] for key in totals}
+        return {
+            "id": new_id("cmpl"),
+            "object": "text_completion",
+            "created": now(),
+            "model": self.name,
+            "choices": choices,
+            "usage": totals,
+        }
+
+    async def _completion_chunks(self, worker: ModelWorker, opened: Opened) -> AsyncIterator[dict[str, Any]]:
+        ident, created = new_id("cmpl"), now()
+
+        def chunk(text: str, reason: str | None) -> dict[str, Any]:
+            return {
+                "id": ident,
+                "object": "text_completion",
+                "created": created,
+                "model": self.name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+            }
+
+        async for delta in self._deltas(worker, opened):
+            yield chunk(delta, None)
+        yield chunk("", opened.finish_reason())
+
+    # ----- chat -----------------------------------------------------------------------------------
+    async def _chat(self, worker: ModelWorker, opened: Opened) -> dict[str, Any]:
+        text, reason, usage = await self._whole(worker, opened)
+        return {
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": now(),
+            "model": self.name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+            ],
+            "usage": usage,
+        }
+
+    async def _chat_chunks(
+        self, worker: ModelWorker, opened: Opened, include_usage: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        ident, created = new_id("chatcmpl"), now()
+
+        def chunk(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+            return {
+                "id": ident,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+            }
+
+        yield chunk({"role": "assistant", "content": ""}, None)
+        text = ""
+        async for delta in self._deltas(worker, opened):
+            text += delta
+            yield chunk({"content": delta}, None)
+        yield chunk({}, opened.finish_reason())
+        if include_usage:
+            yield {
+                "id": ident,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.name,
+                "choices": [],
+                "usage": opened.usage(text),
+            }
+
+
+class Opened:
+    """A text stream about to be decoded, with what its response reports: the prompt's token count,
+    the finish reason and the completion's token count (the stream's, else the text re-tokenized)."""
+
+    def __init__(self, stream: Iterator[str], prompt_tokens: int, tokenizer: Any) -> None:
+        self.stream, self.prompt_tokens, self.tokenizer = stream, prompt_tokens, tokenizer
+
+    def finish_reason(self) -> str:
+        reason = getattr(self.stream, "finish_reason", None)
+        return reason if reason in ("stop", "length") else "stop"
+
+    def usage(self, text: str) -> dict[str, int]:
+        completion = getattr(self.stream, "new_tokens", None)
+        if completion is None:
+            completion = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": int(completion),
+            "total_tokens": self.prompt_tokens + int(completion),
+        }
+
+
+def run_service(
+    run_dir: Path,
+    *,
+    served_name: str | None = None,
+    variant: str | None = None,
+    options: dict[str, str] | None = None,
+) -> RunService:
+    """The final model of the run in ``run_dir`` (its method's ``variant`` and ``options``), to serve."""
+    from fedtune.artifacts import load_final
+
+    final = load_final(run_dir, variant, options or {})
+    return RunService(final, served_name or run_dir.resolve().name)
