@@ -1,0 +1,202 @@
+"""``fedtune export``: a tiny FedIT run's final model as a peft adapter and as a merged transformers
+model that load with peft / transformers alone and score the run's perplexity; GGUF through a
+converter named on the command line; clear refusals."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedtune.algorithms.exporting import ExportError
+from fedtune.algorithms.final import CausalLMModel, FinalModelError, load_base_model
+from fedtune.artifacts import evaluate_run, load_final
+from fedtune.cli import app
+from fedtune.config import ExperimentConfig
+from fedtune.export import CONVERTER_ENV, GGUF_FILE, INFO_FILE, export_run
+from fedtune.rundata import prepare_data
+from tests.integration.helpers import quiet_runner, tiny_config
+
+
+@pytest.fixture(scope="module")
+def fedit_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfig, Path]:
+    cfg = tiny_config("fedit", "fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]")
+    run_dir = tmp_path_factory.mktemp("fedit") / "run"
+    quiet_runner(cfg, run_dir).run()
+    return cfg, run_dir
+
+
+def test_a_merged_export_loads_with_transformers_and_scores_the_runs_perplexity(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Execute
+    cfg, run_dir = fedit_run
+    result = export_run(run_dir, "merged", tmp_path / "merged")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    records = prepare_data(cfg).eval_records
+    exported = CausalLMModel(cfg, model, tokenizer).evaluate(records).metrics["perplexity"]
+    expected = evaluate_run(run_dir).metrics["perplexity"]
+
+    # Assert: no LoRA module left, the run's perplexity
+    assert not any("lora_" in name for name, _ in model.named_parameters())
+    assert exported == pytest.approx(expected, rel=1e-4)
+    assert "merged into the weights" in result.what
+    info = json.loads((tmp_path / "merged" / INFO_FILE).read_text())
+    assert info["algorithm"] == "fedit" and info["format"] == "merged" and info["base_model"] == "tiny-llama"
+
+
+def test_a_peft_export_loads_with_peft_on_the_base_model(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
+) -> None:
+    from peft import PeftModel
+
+    cfg, run_dir = fedit_run
+    export_run(run_dir, "peft", tmp_path / "peft")
+    base, tokenizer = load_base_model(cfg)
+    model = PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+    records = prepare_data(cfg).eval_records
+
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {
+        p.name for p in (tmp_path / "peft").iterdir()
+    }
+    assert CausalLMModel(cfg, model, tokenizer).evaluate(records).metrics["perplexity"] == pytest.approx(
+        evaluate_run(run_dir).metrics["perplexity"], rel=1e-4
+    )
+
+
+def test_gguf_runs_the_named_converter_on_the_merged_model(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
+) -> None:
+    # A stand-in with llama.cpp's command line (model dir, --outfile, --outtype) that checks its input.
+    converter = tmp_path / "convert_hf_to_gguf.py"
+    converter.write_text(
+        textwrap.dedent(
+            """
+            import argparse, json, pathlib
+            parser = argparse.ArgumentParser()
+            parser.add_argument("model")
+            parser.add_argument("--outfile", type=pathlib.Path)
+            parser.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto"])
+            args = parser.parse_args()
+            model = pathlib.Path(args.model)
+            config = json.loads((model / "config.json").read_text())
+            assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
+            args.outfile.write_text(config["architectures"][0] + " " + args.outtype)
+            """
+        )
+    )
+    _, run_dir = fedit_run
+
+    result = export_run(run_dir, "gguf", tmp_path / "gguf", converter=converter, outtype="q8_0")
+
+    assert (tmp_path / "gguf" / GGUF_FILE).read_text() == "LlamaForCausalLM q8_0"
+    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [INFO_FILE, GGUF_FILE]
+    assert "converted to GGUF (q8_0)" in result.what
+
+
+def test_gguf_without_a_converter_says_which_one_and_how_to_name_it(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CONVERTER_ENV, raising=False)
+    _, run_dir = fedit_run
+
+    done = CliRunner().invoke(app, ["export", str(run_dir), "--format", "gguf", "-o", str(tmp_path / "g")])
+
+    assert done.exit_code == 2
+    message = " ".join(done.output.split())
+    assert "convert_hf_to_gguf.py" in message and "--converter" in message and CONVERTER_ENV in message
+    assert not (tmp_path / "g").exists()
+
+
+def test_refusals_name_what_can_be_done(fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path) -> None:
+    _, run_dir = fedit_run
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        export_run(run_dir, "peft", tmp_path / "full")
+    with pytest.raises(ExportError, match="choose peft, merged, gguf"):
+        export_run(run_dir, "onnx", tmp_path / "x")
+    with pytest.raises(FinalModelError, match="no final-model variant"):
+        export_run(run_dir, "peft", tmp_path / "x", variant="adapemu")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "variant", "options"),
+    [
+        ("fedpt", None, {}),  # the small LM with its adapter
+        ("fedbiot", "adapemu", {}),  # the adapter on the emulator, a model with fewer layers
+        ("fedmkt", None, {}),  # the server LLM with its LoRA
+    ],
+)
+def test_each_methods_merged_export_is_its_final_model(
+    algorithm: str, variant: str | None, options: dict[str, str], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Execute
+    cfg = tiny_config(algorithm, "fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]")
+    quiet_runner(cfg, tmp_path / "run").run()
+    export_run(tmp_path / "run", "merged", tmp_path / "merged", variant=variant, options=options)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    records = prepare_data(cfg).eval_records
+    small = variant or ("small" if algorithm == "fedpt" else None)
+    final = load_final(tmp_path / "run", small, options)
+
+    # Assert
+    assert CausalLMModel(cfg, model, tokenizer).evaluate(records).metrics["perplexity"] == pytest.approx(
+        final.evaluate(records).metrics["perplexity"], rel=1e-4
+    )
+
+
+def test_a_perfit_clients_export_scores_what_the_run_reported_for_it(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Execute
+    cfg = tiny_config("perfit", "fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    export_run(tmp_path / "run", "merged", tmp_path / "merged", options={"client": "c01"})
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    held_out = prepare_data(cfg).client_eval["c01"]
+
+    # Assert: the client's own model (G at its mask), as its evaluate_personal scored it
+    assert CausalLMModel(cfg, model, tokenizer).evaluate(held_out).metrics["perplexity"] == pytest.approx(
+        history[-1]["eval_by_client"]["c01"]["perplexity"], rel=1e-4
+    )
+    with pytest.raises(FinalModelError, match=r"--option client=ID \(clients with a model: c00, c01"):
+        export_run(tmp_path / "run", "peft", tmp_path / "peft")
+
+
+def test_fedpft_exports_its_classifier_merged_and_nothing_else(tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from fedtune.algorithms.fedpft.final import classification_result
+    from fedtune.data.classify import encode_classification
+
+    # Execute
+    cfg = tiny_config("fedpft", "fed.rounds=1", "eval.before=false")
+    quiet_runner(cfg, tmp_path / "run").run()
+    result = export_run(tmp_path / "run", "merged", tmp_path / "merged")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    records = prepare_data(cfg).eval_records
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    examples = encode_classification(records, tokenizer, names, cfg.data.max_length)
+    scores = classification_result(
+        model, examples, records, len(names), batch_size=8, pad_token_id=int(tokenizer.pad_token_id or 0)
+    )
+
+    # Assert
+    assert "sequence-classification" in result.what
+    assert scores.metrics == pytest.approx(load_final(tmp_path / "run").evaluate(records).metrics)
+    for fmt in ("peft", "gguf"):
+        with pytest.raises(ExportError, match="exports merged, not"):
+            export_run(tmp_path / "run", fmt, tmp_path / fmt)
