@@ -1,0 +1,139 @@
+"""Secure aggregation through whole runs: FedIT with SecAgg+ equals FedIT within quantisation, the
+update never crosses the wire unmasked, a client lost after the key exchange is recovered, and DP noises
+the unmasked sum."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedtune.algorithms.adapters import ADAPTER
+from fedtune.algorithms.registry import algorithm_names, get_algorithm
+from fedtune.fl import secagg
+from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+from fedtune.fl.payload import Payload, arrays
+from fedtune.fl.simulation import TapHook
+from tests.integration.helpers import quiet_runner, tiny_config
+
+ONE_ROUND = ("fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]", "eval.max_examples=4")
+
+Wire = list[tuple[str, str, str, Payload]]
+
+
+def recorder(seen: Wire) -> TapHook:
+    def tap(direction: str, client: str, task: str, rnd: int, payload: Payload) -> None:
+        seen.append((direction, client, task, payload))
+
+    return tap
+
+
+def adapter(run_dir: Path) -> dict[str, np.ndarray]:
+    tree = load_checkpoint(latest_checkpoint(run_dir))  # type: ignore[arg-type]
+    return {k: np.asarray(v) for k, v in tree["algorithm"]["global_adapter"].items()}
+
+
+def test_secure_fedit_equals_fedit_and_no_update_crosses_the_wire_unmasked(tmp_path: Path) -> None:
+    # Prepare: the same run with and without secure aggregation, every message recorded.
+    plain_wire: Wire = []
+    secure_wire: Wire = []
+    plain_cfg = tiny_config("fedit", *ONE_ROUND)
+    secure_cfg = tiny_config("fedit", *ONE_ROUND, "secagg.enabled=true")
+
+    # Execute
+    plain = quiet_runner(plain_cfg, tmp_path / "plain", tap=recorder(plain_wire)).run()
+    secure = quiet_runner(secure_cfg, tmp_path / "secure", tap=recorder(secure_wire)).run()
+
+    # Assert: the same model within the quantisation step, the same statistics, the overhead recorded
+    step = secagg.quantization_step(1.0, secure_cfg.secagg.bits)
+    for key, value in adapter(tmp_path / "plain").items():
+        np.testing.assert_allclose(adapter(tmp_path / "secure")[key], value, rtol=0, atol=4 * step)
+    assert secure[1]["train_loss"] == plain[1]["train_loss"]
+    assert secure[1]["eval"]["perplexity"] == pytest.approx(plain[1]["eval"]["perplexity"], rel=1e-4)
+    assert secure[1]["secagg_clients"] == 4 and secure[1]["secagg_bytes_up"] > 0
+    assert secure[1]["bytes_up"] > plain[1]["bytes_up"]
+
+    # Assert on the payloads: the fit replies carry no array; each masked upload is unrelated to the
+    # update its client computed (taken from the plain run's fit reply, the same training).
+    sent = {c: arrays(p, ADAPTER) for way, c, task, p in plain_wire if way == "down" and task == "fit"}
+    trained = {c: arrays(p, ADAPTER) for way, c, task, p in plain_wire if way == "up" and task == "fit"}
+    weights = {c: int(p["num_examples"]) for way, c, task, p in plain_wire if way == "up" and task == "fit"}
+    uploads = [(c, task, p) for way, c, task, p in secure_wire if way == "up"]
+    assert {task for _, task, _ in uploads} == {"fit", *secagg.TASKS}
+    for client, task, payload in uploads:
+        floats = [k for k, v in payload.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+        assert not floats, (task, floats)
+        if task == "fit":
+            assert not arrays(payload)
+        if task == "secagg_mask":
+            keys = sorted(trained[client])
+            update = np.concatenate([(trained[client][k] - sent[client][k]).ravel() for k in keys])
+            scaled = update * weights[client] / max(weights.values())
+            quantised = secagg.quantize(scaled, 1.0, secure_cfg.secagg.bits, np.random.default_rng(0))
+            masked = payload["masked"]
+            assert isinstance(masked, np.ndarray) and masked.shape == quantised.shape
+            # Uncorrelated: within 5 standard errors (1 / sqrt(n)) of zero.
+            correlation = np.corrcoef(masked.astype(np.float64), quantised.astype(np.float64))[0, 1]
+            assert abs(correlation) < 5 / np.sqrt(masked.size)
+            assert not np.isin(quantised[:64], masked).all()
+
+
+def test_a_client_lost_after_the_key_exchange_is_recovered_and_dp_noises_the_sum(tmp_path: Path) -> None:
+    # Prepare: DP with every client sampled; c02 dies after advertising its keys, in round 1.
+    settings = ("dp.enabled=true", "dp.noise_multiplier=1.0", "dp.clip_norm=1e-5", "secagg.enabled=true")
+    cfg = tiny_config("fedit", *ONE_ROUND, "fed.keep_checkpoints=3", *settings)
+
+    def lose(client: str, task: str, rnd: int) -> None:
+        if client == "c02" and task == "secagg_mask":
+            raise RuntimeError("connection lost")
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run", before_task=lose).run()
+
+    # Assert: the round completed with the three others, one release accounted, the step noise-sized
+    row = history[1]
+    assert row["failed"] == {"c02": "RuntimeError: connection lost"}
+    assert row["secagg_clients"] == 3 and row["secagg_dropped"] == 1
+    assert row["dp_epsilon"] > 0
+    before = load_checkpoint(tmp_path / "run" / "checkpoints" / "round_0000")["algorithm"]["global_adapter"]
+    after = adapter(tmp_path / "run")
+    size = sum(v.size for v in before.values())
+    step = float(np.sqrt(sum(np.sum((after[k] - before[k]).astype(np.float64) ** 2) for k in before)))
+    # (3 updates clipped to C on the clients + noise z C per coordinate) / q N = 4
+    assert 0 < step < (3e-5 + 1.2e-5 * np.sqrt(size)) / 4
+
+
+def test_too_few_survivors_fail_the_round_with_the_reason(tmp_path: Path) -> None:
+    cfg = tiny_config("fedit", *ONE_ROUND, "secagg.enabled=true")
+
+    def lose(client: str, task: str, rnd: int) -> None:
+        if client in ("c01", "c02") and task == "secagg_mask":
+            raise RuntimeError("connection lost")
+
+    with pytest.raises(secagg.SecAggFailed, match=r"masked upload: 2 of the round's 4 clients"):
+        quiet_runner(cfg, tmp_path / "run", before_task=lose).run()
+
+
+SUPPORTED = [name for name in algorithm_names() if get_algorithm(name).Config.dp_refused is None]
+STATE = {"fedpft": "global_state"}
+SETTINGS = {"fedpt": ("fedpt.distill=false",), "fedpft": ("fedpft.neuron_every=0",)}
+"""FedPT's distillation on public data follows the aggregate; without it the adapter is the mean itself."""
+
+
+@pytest.mark.parametrize("algorithm", SUPPORTED)
+def test_every_method_that_supports_it_aggregates_securely_as_it_does_plainly(
+    algorithm: str, tmp_path: Path
+) -> None:
+    settings = (*ONE_ROUND, *SETTINGS.get(algorithm, ()))
+    quiet_runner(tiny_config(algorithm, *settings), tmp_path / "plain").run()
+    secure = quiet_runner(tiny_config(algorithm, *settings, "secagg.enabled=true"), tmp_path / "secure").run()
+    assert secure[1]["secagg_clients"] == 4 and secure[1]["failed"] == {}
+    key = STATE.get(algorithm, "global_adapter")
+    states = [
+        load_checkpoint(latest_checkpoint(tmp_path / name))["algorithm"][key]  # type: ignore[arg-type]
+        for name in ("plain", "secure")
+    ]
+    step = secagg.quantization_step(1.0, 20)
+    for name, value in states[0].items():
+        np.testing.assert_allclose(states[1][name], value, rtol=0, atol=4 * step, err_msg=name)
