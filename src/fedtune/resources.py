@@ -24,7 +24,9 @@ T = TypeVar("T")
 
 def model_spec(model: ModelConfig, seed: int) -> ModelSpec:
     """The spec a ``model:`` config section describes (``seed``: the run's, for tiny random models)."""
-    return ModelSpec(model.name, model.dtype, model.device, model.cache_dir, model.gguf_file, seed)
+    return ModelSpec(
+        model.name, model.dtype, model.device, model.cache_dir, model.gguf_file, seed, model.quantization
+    )
 
 
 class Resources:

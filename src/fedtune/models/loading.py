@@ -8,12 +8,19 @@ A name is tried, in order, as:
 4. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
 5. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
 6. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
+
+``quantization`` 4 or 8 loads any of them with bitsandbytes (``quantization_config``) as the frozen
+base of a QLoRA: its linear layers quantised, the rest in ``dtype`` and frozen (`prepare_quantized`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import difflib
+import logging
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -230,7 +237,8 @@ def _finish(
     dtype: torch.dtype,
     padding_side: PaddingSide | None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Pad token, padding side, device, dtype and eval mode, the same for every source."""
+    """Pad token, padding side, device, dtype and eval mode, the same for every source (a quantised
+    model was loaded onto its device in its dtype: transformers refuses to cast it)."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelError("the tokenizer has neither a pad nor an eos token to pad batches with")
@@ -243,8 +251,118 @@ def _finish(
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None and generation_config.pad_token_id is None:
         generation_config.pad_token_id = tokenizer.pad_token_id
-    model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' wrapper confuses mypy
+    if not getattr(model, "is_quantized", False):
+        model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' wrapper confuses mypy
     return model.eval(), tokenizer
+
+
+QUANTIZATION_BITS = (4, 8)
+
+
+def quantization_config(bits: int, compute_dtype: torch.dtype) -> Any:
+    """transformers' ``BitsAndBytesConfig`` for ``bits``: 4 = NF4 with double quantisation (QLoRA's
+    recipe), its matmuls in ``compute_dtype``; 8 = LLM.int8 (outlier features kept in fp16)."""
+    if bits not in QUANTIZATION_BITS:
+        raise ModelError(f"model.quantization {bits!r}: use 4, 8 or null")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise ModelError(
+            f"model.quantization {bits} needs bitsandbytes, which is not installed: "
+            "pip install 'fedtune[quant]'"
+        ) from err
+    from transformers import BitsAndBytesConfig
+
+    if bits == 4:
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+class _DropInt8CastNotice(logging.Filter):
+    """bitsandbytes logs that LLM.int8 casts its input to fp16 on every matmul call; that is how int8
+    works, not news, and it would flood a run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("MatMul8bitLt: inputs will be cast")
+
+
+_INT8_NOTICE = _DropInt8CastNotice()
+
+
+def prepare_quantized(model: PreTrainedModel) -> PreTrainedModel:
+    """A bitsandbytes-loaded model made ready to be a QLoRA base (peft's
+    ``prepare_model_for_kbit_training``: every weight frozen, half-precision norms and embeddings in
+    fp32; gradient checkpointing is ``train.gradient_checkpointing``'s, not switched on here).
+
+    bitsandbytes 0.50's CPU backend repacks a 4-bit weight into an inference-only layout (on CPUs with
+    AVX512-BF16) the first time the layer runs in eval mode without gradients, and from then on its
+    matmul has no backward: gradients stop at that layer and a LoRA trained after an evaluation would
+    silently stop learning. The repacking is switched off, so evaluation and training share one layout.
+
+    The weights left unquantised (embeddings, norms, head) stay views of the checkpoint's memory map, as
+    in an unquantised load: file pages the kernel can drop and re-read, not process memory (copying them
+    out would turn them into anonymous memory and add their size to the loading peak). The pages that
+    quantising read are handed back (`_page_out`): the process's RSS is the quantised model's.
+    """
+    from peft import prepare_model_for_kbit_training
+
+    layer: Any
+    for layer in model.modules():
+        if hasattr(layer, "support_avx512bf16_for_cpu"):
+            layer.support_avx512bf16_for_cpu = False
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_NOTICE)
+    prepared: PreTrainedModel = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    _return_freed_memory()
+    return prepared
+
+
+MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim the range's pages; mapped file pages are re-read when touched
+
+
+def _page_out(directory: Path) -> None:
+    """Hand back the resident pages of the checkpoint files under ``directory`` that this process maps
+    (read while quantising, never again: only the unquantised weights' pages come back, on first use).
+    Nothing is lost: clean file pages are re-read, written ones stay. A no-op off Linux."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    prefix = str(directory.resolve())
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(prefix) and ".safetensors" in fields[5]:
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            libc.madvise(start, end - start, MADV_PAGEOUT)  # EINVAL on older kernels: nothing happens
+
+
+def _return_freed_memory() -> None:
+    """Give the heap that quantising freed back to the OS (glibc keeps it otherwise: ~200 MB on
+    SmolLM2 at 8 bits); a no-op where there is no glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _load_quantized(
+    source: Path | str, bits: int, dtype: torch.dtype, device: torch.device
+) -> PreTrainedModel:
+    """``from_pretrained`` with bitsandbytes quantisation, straight onto ``device``."""
+    model = AutoModelForCausalLM.from_pretrained(
+        source,
+        dtype=dtype,
+        quantization_config=quantization_config(bits, dtype),
+        device_map={"": device},
+    )
+    prepared = prepare_quantized(model)
+    if isinstance(source, Path) or Path(source).is_dir():
+        _page_out(Path(source))
+    return prepared
 
 
 def load_causal_lm(
@@ -256,8 +374,10 @@ def load_causal_lm(
     gguf_file: str | None = None,
     seed: int = 0,
     padding_side: PaddingSide | None = None,
+    quantization: int | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer (see the module docstring for what ``name`` may be)."""
+    """A causal LM and its tokenizer (see the module docstring for what ``name`` may be);
+    ``quantization`` 4 or 8: bitsandbytes-quantised and frozen, a QLoRA base."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model: PreTrainedModel
@@ -273,11 +393,21 @@ def load_causal_lm(
             seed=seed,
             tokenizer=tiny_tokenizer(tiny.tokenizer),
         )
+        if quantization is not None:
+            # bitsandbytes quantises while loading: the random model goes through a checkpoint.
+            with tempfile.TemporaryDirectory(prefix="fedtune-tiny-") as directory:
+                model.save_pretrained(directory)
+                model = _load_quantized(directory, quantization, torch_dtype, torch_device)
+            # As the unquantised one: no (deleted) directory for a saved adapter to name as its base.
+            model.config.name_or_path = model.name_or_path = ""
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
     source = resolve_source(name, "causal-lm", cache_dir, gguf_file)
     _load_config(source, name, "causal-lm")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    if quantization is None:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    else:
+        model = _load_quantized(source, quantization, torch_dtype, torch_device)
     tokenizer = AutoTokenizer.from_pretrained(source)
     return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,6 +129,27 @@ def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
 def adapter_arrays(model: PeftModel) -> dict[str, np.ndarray]:
     """Adapter state as float32 numpy arrays, ready for a payload."""
     return {key: p.detach().float().cpu().numpy().copy() for key, p in adapter_parameters(model).items()}
+
+
+def merge_lora(model: PeftModel) -> PreTrainedModel:
+    """The base model with the LoRA folded into its weights (peft's ``merge_and_unload``).
+
+    A bitsandbytes-quantised base (``model.quantization``) is refused: peft would dequantise each
+    weight, add the LoRA product and quantise the sum again, so the adapter's small update is rounded
+    to the 4- or 8-bit grid and the merged model is not the one that was trained and evaluated. Merge
+    into the unquantised base instead (``fedtune.algorithms.final.load_base_model(cfg,
+    quantized=False)``), as QLoRA adapters are meant to be.
+    """
+    base: Any = model.get_base_model()
+    if getattr(base, "is_quantized", False):
+        bits = 4 if getattr(base, "is_loaded_in_4bit", False) else 8
+        raise ValueError(
+            f"model.quantization {bits}: the LoRA cannot be merged into the {bits}-bit base without "
+            f"rounding its update to {bits} bits; load the base without quantisation "
+            "(load_base_model(cfg, quantized=False)), put the adapter on it and merge that"
+        )
+    merged: PreTrainedModel = model.merge_and_unload()
+    return merged
 
 
 def load_adapter(model: PeftModel, state: Mapping[str, torch.Tensor | np.ndarray]) -> None:

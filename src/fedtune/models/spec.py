@@ -21,7 +21,8 @@ class ModelSpec:
     directory, or a tiny random model ``tiny-<arch>[-L<layers>-H<hidden>]``; ``dtype``: auto, fp32,
     bf16 or fp16; ``device``: auto, cpu, cuda, cuda:N; ``cache_dir``: where zoo and hub files live;
     ``gguf_file``: the GGUF file inside a directory or repository; ``seed``: the initialisation of
-    tiny random models.
+    tiny random models; ``quantization``: 4 or 8 for a bitsandbytes-quantised base (QLoRA), None for
+    none (``model.quantization``).
     """
 
     name: str
@@ -30,6 +31,7 @@ class ModelSpec:
     cache_dir: str | None = None
     gguf_file: str | None = None
     seed: int = 0
+    quantization: int | None = None
 
     @property
     def key(self) -> str:
@@ -54,6 +56,7 @@ class ModelSpec:
             cache_dir=self.cache_path,
             gguf_file=self.gguf_file,
             seed=self.seed,
+            quantization=self.quantization,
         )
 
     def load_tokenizer(self) -> Any:

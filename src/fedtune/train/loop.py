@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -91,6 +92,7 @@ def train_local(
     report: Reporter | None = None,
     grad_masks: Mapping[str, torch.Tensor] | None = None,
     master: FP32Master | None = None,
+    gradient_checkpointing: bool = False,
 ) -> TrainResult:
     """Run ``steps`` optimizer steps of ``grad_accum`` micro-batches each, cycling ``batches``.
 
@@ -107,6 +109,9 @@ def train_local(
     steps the fp32 copies (it must have been built over ``master.optimizer_parameters()``) and the
     model's bf16/fp16 weights are refreshed from them after every step, so small updates add up
     instead of rounding away.
+
+    ``gradient_checkpointing`` (``train.gradient_checkpointing``): the model's decoder layers recompute
+    their activations in the backward pass for these steps (``activation_checkpointing``).
     """
     if not batches:
         raise ValueError("train_local got no batches")
@@ -119,34 +124,35 @@ def train_local(
     model.train()
     start = time.perf_counter()
     total_nll, total_targets, total_tokens, num_examples, cursor = 0.0, 0, 0, 0, 0
-    for step in range(steps):
-        group = [batches[(cursor + i) % len(batches)] for i in range(grad_accum)]
-        cursor += grad_accum
-        group_targets = sum(batch_targets(b) for b in group)
-        optimizer.zero_grad(set_to_none=True)
-        for batch in group:
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with autocast:
-                nll, _ = loss_fn(model, batch)
-            (nll / max(1, group_targets)).backward()
-            total_nll += float(nll.detach())
-            total_tokens += int(batch["attention_mask"].sum())
-            num_examples += int(batch["input_ids"].shape[0])
-        if prox_mu > 0 and prox_reference is not None:
-            (prox_mu / 2 * proximal_term(trainable, prox_reference)).backward()
-        stepped = master.stepped(trainable) if master is not None else trainable
-        frozen = _mask_gradients(stepped, masks)
-        if clip_norm:
-            torch.nn.utils.clip_grad_norm_(list(stepped.values()), clip_norm)
-        optimizer.step()
-        _restore_frozen(stepped, masks, frozen)
-        if master is not None:
-            master.push()
-        if scheduler is not None:
-            scheduler.step()
-        total_targets += group_targets
-        if report is not None:
-            report(step + 1, steps, total_nll / max(1, total_targets))
+    with activation_checkpointing(model, gradient_checkpointing):
+        for step in range(steps):
+            group = [batches[(cursor + i) % len(batches)] for i in range(grad_accum)]
+            cursor += grad_accum
+            group_targets = sum(batch_targets(b) for b in group)
+            optimizer.zero_grad(set_to_none=True)
+            for batch in group:
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                with autocast:
+                    nll, _ = loss_fn(model, batch)
+                (nll / max(1, group_targets)).backward()
+                total_nll += float(nll.detach())
+                total_tokens += int(batch["attention_mask"].sum())
+                num_examples += int(batch["input_ids"].shape[0])
+            if prox_mu > 0 and prox_reference is not None:
+                (prox_mu / 2 * proximal_term(trainable, prox_reference)).backward()
+            stepped = master.stepped(trainable) if master is not None else trainable
+            frozen = _mask_gradients(stepped, masks)
+            if clip_norm:
+                torch.nn.utils.clip_grad_norm_(list(stepped.values()), clip_norm)
+            optimizer.step()
+            _restore_frozen(stepped, masks, frozen)
+            if master is not None:
+                master.push()
+            if scheduler is not None:
+                scheduler.step()
+            total_targets += group_targets
+            if report is not None:
+                report(step + 1, steps, total_nll / max(1, total_targets))
     model.eval()
     return TrainResult(
         loss=total_nll / max(1, total_targets),
@@ -157,6 +163,48 @@ def train_local(
         seconds=time.perf_counter() - start,
         peak_mem_mb=_peak_memory_mb(device),
     )
+
+
+@contextmanager
+def activation_checkpointing(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Inside the block, ``model``'s decoder layers keep only their inputs in the forward pass and
+    recompute the rest in the backward (non-reentrant torch checkpointing: dropout replays the same
+    masks, so the loss and gradients are those without it); switched off again on exit, so a shared
+    model's other users (evaluation, a method's server steps) are not affected.
+
+    ``model``: a transformers model or a peft model around one. The input embeddings' output is made to
+    require grad (what reentrant checkpointing needs to reach a LoRA above a frozen embedding; harmless
+    here, and transformers 5 does it itself).
+    """
+    if not enabled:
+        yield
+        return
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"train.gradient_checkpointing: {type(base).__name__} does not support gradient "
+            "checkpointing; set train.gradient_checkpointing: false"
+        )
+    kwargs = {"use_reentrant": False}
+    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old names warn).
+    if hasattr(base, "activation_checkpointing_enable"):
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        disable = base.activation_checkpointing_disable
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        disable = base.gradient_checkpointing_disable
+    if not getattr(base, "_require_grads_hooks", None) and getattr(base, "_require_grads_hook", None) is None:
+        base.enable_input_require_grads()  # transformers 5 does it in activation_checkpointing_enable
+    try:
+        yield
+    finally:
+        disable()
+        base.disable_input_require_grads()
+        # transformers leaves the removed hook handles behind; a later enable must not take them for live.
+        for attribute in ("_require_grads_hooks", "_require_grads_hook"):
+            if hasattr(base, attribute):
+                delattr(base, attribute)
 
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)

@@ -53,6 +53,8 @@ class SFTSettings(Protocol):
     def min_lr_ratio(self) -> float: ...
     @property
     def clip_norm(self) -> float | None: ...
+    @property
+    def gradient_checkpointing(self) -> bool: ...
 
 
 def local_sft(
@@ -132,6 +134,7 @@ def local_sft(
             grad_masks=grad_masks,
             master=master,
             loss_fn=loss_fn,
+            gradient_checkpointing=train.gradient_checkpointing,
         )
 
 
