@@ -105,6 +105,20 @@ BENCHMARKS: dict[str, Benchmark] = {
         "multiple-choice scoring (acc / acc_norm) reading each question's prompt once",
         "every (prompt, choice) sequence scored whole: the same scores, time",
     ),
+    "p13": Benchmark(
+        "fedpt_http_topk",
+        "p13",
+        "FedPT's large model behind HTTP (fedtune serve, HTTPLogitSource) at top-k 5/20/128/V: KL of the "
+        "large model, the distillation teacher and proxy-tuned decoding; API seconds per request and step",
+        "the exact local source (the same weights in-process)",
+    ),
+    "secagg": Benchmark(
+        "secagg_overhead",
+        "secagg",
+        "secure aggregation (SecAgg+) per round at 10 and 100 clients: seconds and bytes, one client "
+        "dropping after the key exchange",
+        "the plain upload of the same updates and their weighted mean",
+    ),
     "memory-fedbiot": Benchmark(
         "fedbiot_memory",
         "memory-<config name>",
@@ -123,6 +137,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the peak RSS of one in-process round in which 100 PerFIT clients each keep their personal state",
         "FIT's same round (no personal state)",
         "FIT's RSS + clients x a dense adapter of rank r_e + 1 GB (P4's budget)",
+    ),
+    "memory-qlora": Benchmark(
+        "qlora_memory",
+        "memory-qlora",
+        "a LoRA client's peak RSS and step time on an fp32, bf16, 8-bit and 4-bit base, with and without "
+        "gradient checkpointing; the quality of a short FedIT run on each",
+        "the fp32 base without checkpointing",
     ),
     "distill-fedpft": Benchmark(
         "fedpft_distill",

@@ -142,6 +142,9 @@ def _run_on_backend(cfg: Any, run_dir: Path, resume: bool) -> None:
 
 def _run_on_backend_uninterrupted(cfg: Any, run_dir: Path, resume: bool) -> None:
     if cfg.fed.backend == "flower":
+        from fedtune.tracking import require_trackers
+
+        require_trackers(cfg.report_to)  # here, before the deployment starts (its server app logs them)
         from fedtune.flower.local import run_local
         from fedtune.flower.processes import DeploymentError
         from fedtune.progress import print_run_summary
@@ -230,6 +233,44 @@ def generate(
 
 
 @app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a finished run directory")],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="peft (adapter dir) | merged (transformers dir) | gguf")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="a new or empty directory")],
+    variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
+    option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
+    converter: Annotated[
+        str | None,
+        typer.Option(
+            help="gguf: llama.cpp's convert_hf_to_gguf.py (or its directory); default $FEDTUNE_GGUF_CONVERTER"
+        ),
+    ] = None,
+    outtype: Annotated[str, typer.Option(help="gguf: f32 | f16 | bf16 | q8_0 | auto")] = "f16",
+) -> None:
+    """Write a run's final model as a peft adapter, a merged transformers model or GGUF.
+
+    What the final model is depends on the method: e.g. FedPT exports its small LM with the adapter.
+    """
+    from fedtune.export import export_run
+
+    try:
+        result = export_run(
+            run_dir,
+            format,
+            output,
+            variant=variant,
+            options=_options(option),
+            converter=converter,
+            outtype=outtype,
+        )
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    out.print(f"wrote {result.output} ({result.format}): {result.what}", soft_wrap=True)
+
+
+@app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="a run directory")],
     compare: Annotated[list[Path] | None, typer.Option(help="other run directories to compare")] = None,
@@ -242,6 +283,67 @@ def report(
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     out.print(f"wrote {path}")
+
+
+@app.command()
+def serve(
+    target: Annotated[
+        str, typer.Argument(help="a finished run directory, or a model (zoo/tiny name, directory)")
+    ],
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    host: Annotated[str, typer.Option(help="listen address (not loopback: --allow-remote)")] = "127.0.0.1",
+    allow_remote: Annotated[bool, typer.Option(help="allow a --host other machines can reach")] = False,
+    api_key: Annotated[
+        str | None, typer.Option(help="bearer token every request must send (default: $FEDTUNE_API_KEY)")
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(help="the name clients ask for (default: the model name or run directory name)"),
+    ] = None,
+    max_logprobs: Annotated[
+        int, typer.Option(help="a model: the most log-probabilities per position (-1: the vocabulary)")
+    ] = 20,
+    dtype: Annotated[str, typer.Option(help="a model: fp32, bf16 or fp16")] = "fp32",
+    device: Annotated[str, typer.Option(help="a model: auto, cpu, cuda")] = "auto",
+    seed: Annotated[int, typer.Option(help="a model: the initialisation of a tiny random model")] = 0,
+    variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
+    option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
+) -> None:
+    """Serve a finished run's final model (OpenAI chat and completions, streaming) or a model's next-token
+    log-probabilities (the vLLM completions subset FedPT's HTTP large model uses). See docs/serving.md."""
+    from fedtune.serve import build_app, check_bind, logits_service, run_service
+    from fedtune.serve.launch import API_KEY_ENV, serve_forever
+
+    key = api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        for warning in check_bind(host, allow_remote, key):
+            console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+        path = Path(target)
+        if (path / "config.yaml").is_file():
+            service: Any = run_service(
+                path, served_name=served_model_name, variant=variant, options=_options(option)
+            )
+            what = f"run {path} ({service.final.cfg.algorithm})"
+        else:
+            if variant or option:
+                raise ValueError("--variant and --option apply to a run directory, not to a model")
+            service = logits_service(
+                target,
+                served_name=served_model_name,
+                max_logprobs=max_logprobs,
+                dtype=dtype,
+                device=device,
+                seed=seed,
+            )
+            what = f"model {target} (log-probabilities, at most {service.max_logprobs} per position)"
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    console.print(
+        f"serving {what} as {service.name!r} on http://{host}:{port}/v1"
+        + (" (API key required)" if key else ""),
+        soft_wrap=True,
+    )
+    serve_forever(build_app(service, api_key=key), host, port)
 
 
 CacheOption = Annotated[
@@ -433,19 +535,23 @@ def align_vocab(
     """The minimum-edit-distance vocabulary map SOURCE -> TARGET: coverage, distances, time."""
     import time
 
-    from fedtune.align import VocabMapStats, vocab_map_of_strings, vocabulary_strings
+    from fedtune.align import VocabMapStats, preferred_ids, vocab_map_of_strings, vocabulary_strings
     from fedtune.align.report import distance_histogram, mapping_examples, vocab_summary
     from fedtune.align.vocab import cache_path
     from fedtune.models.loading import load_tokenizer
 
     try:
         source_strings = vocabulary_strings(load_tokenizer(source, cache_dir=cache_dir))
-        target_strings = vocabulary_strings(load_tokenizer(target, cache_dir=cache_dir))
+        target_tokenizer = load_tokenizer(target, cache_dir=cache_dir)
+        target_strings = vocabulary_strings(target_tokenizer)
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     cached = cache_path(source_strings, target_strings, map_cache).is_file()
     started = time.perf_counter()
-    vmap = vocab_map_of_strings(source_strings, target_strings, cache_dir=map_cache, progress=True)
+    preferred = preferred_ids(target_tokenizer, target_strings)
+    vmap = vocab_map_of_strings(
+        source_strings, target_strings, cache_dir=map_cache, progress=True, preferred=preferred
+    )
     stats = VocabMapStats.of(source_strings, target_strings, vmap, time.perf_counter() - started)
     out.print(vocab_summary(source, target, stats, cached))
     out.print(distance_histogram(stats))

@@ -9,6 +9,7 @@ algorithm is an error.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
@@ -59,6 +60,11 @@ class ModelConfig(Section):
     device: str = "auto"
     gguf_file: str | None = None
     cache_dir: str | None = None
+    # 4: the base model's linear layers in bitsandbytes NF4 (double quantisation, computing in `dtype`);
+    # 8: LLM.int8. The LoRA trained on top stays fp32 (QLoRA); embeddings, norms and the head are not
+    # quantised. Applies to every LoRA base loaded from this section (and FedMKT's fedmkt.clients);
+    # FedBiOT and FedPFT refuse it (see docs/memory.md). Needs `pip install 'fedtune[quant]'`.
+    quantization: Literal[4, 8] | None = None
 
 
 class LoraConfig(Section):
@@ -110,6 +116,10 @@ class TrainConfig(Section):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     clip_norm: float | None = Field(1.0, gt=0)
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them
+    # (non-reentrant torch checkpointing), in every local training step: less activation memory,
+    # about one more forward pass of time.
+    gradient_checkpointing: bool = False
 
 
 class FedConfig(Section):
@@ -135,6 +145,78 @@ class FedConfig(Section):
     # receiver computes with the rounded values). Bytes are counted as sent.
     wire_dtype: Literal["fp32", "fp16"] = "fp32"
 
+
+class DPConfig(Section):
+    """Client-level differential privacy, central: the server clips each client's update, adds Gaussian
+    noise to their sum and accounts for the privacy spent (docs/privacy.md)."""
+
+    # Off by default. On: the methods that support it (``AlgorithmConfig.dp_refused`` is None) sample
+    # clients from a secret seed, clip, noise and account; the others refuse the run with the reason.
+    enabled: bool = False
+    # z: the noise's standard deviation on the sum of clipped updates is z x clip_norm, per coordinate.
+    # Give it, or target_epsilon instead.
+    noise_multiplier: float | None = Field(None, gt=0)
+    # The epsilon to reach after fed.rounds rounds: the noise multiplier is calibrated from it (with the
+    # run's sampling rate and dp.delta) when the run starts.
+    target_epsilon: float | None = Field(None, gt=0)
+    # C: each client's update (its trained tensors minus what the server sent) is scaled to L2 norm <= C.
+    clip_norm: float | None = Field(None, gt=0)
+    # The delta of the (epsilon, delta) guarantee; keep it well below 1 / (number of clients).
+    delta: float = Field(1e-5, gt=0, lt=1)
+    # The run stops cleanly (final artifacts written) before a round that would take epsilon above it.
+    max_epsilon: float | None = Field(None, gt=0)
+    # poisson: each client joins a round with probability q (fed.clients_per_round / clients, else
+    # fed.fraction), independently, from a per-run secret; fixed: exactly fed.clients_per_round clients
+    # (replace-one neighbours: twice the sensitivity, so a larger epsilon for the same noise).
+    sampling: Literal["poisson", "fixed"] = "poisson"
+
+    @model_validator(mode="after")
+    def _complete(self) -> DPConfig:
+        if not self.enabled:
+            return self
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "dp.enabled needs exactly one of dp.noise_multiplier (the noise) and dp.target_epsilon "
+                "(the epsilon to calibrate the noise for)"
+            )
+        if self.clip_norm is None:
+            raise ValueError(
+                "dp.enabled needs dp.clip_norm, the L2 bound on each client's update (a non-DP run's "
+                "update norms, e.g. fed.norm_bound's scale, tell what to expect)"
+            )
+        target, limit = self.target_epsilon, self.max_epsilon
+        if target is not None and limit is not None and limit < target:
+            raise ValueError(
+                f"dp.max_epsilon {limit} is below dp.target_epsilon {target}: the run would stop before "
+                "its last round; raise max_epsilon or lower target_epsilon"
+            )
+        return self
+
+
+class SecAggConfig(Section):
+    """Secure aggregation (SecAgg+, Bell et al. 2020): the server learns only the sum of the round's
+    client updates (docs/privacy.md)."""
+
+    # Off by default. On: the update task's reply carries only statistics; the update itself travels
+    # masked through four protocol stages and only the sum is unmasked.
+    enabled: bool = False
+    # The share of a round's clients (those that replied to the update task) that must still be there
+    # at every stage; below it the round fails with the reason. Above 0.5, so the server can never
+    # collect enough shares to unmask both halves of one client.
+    threshold: float = Field(0.7, gt=0.5, le=1)
+    # k, the clients in each SecAgg+ neighbourhood (the client itself included, made odd): each client
+    # masks with, and secret-shares to, only these. null: 2 ceil(log2 n) + 1 of the round's n clients.
+    neighbours: int | None = Field(None, ge=3)
+    # Bits per quantised value; the sum of a round's clients must fit the 32-bit modulus, so
+    # num_clients x 2^bits < 2^32.
+    bits: int = Field(20, ge=8, le=30)
+    # R: every coordinate of an update is clipped to [-R, R] before quantisation (step 2R / (2^bits - 1)).
+    # null: dp.clip_norm under dp, else 1.0.
+    clip_range: float | None = Field(None, gt=0)
+
+
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
+"""The experiment trackers ``report_to`` names (the names transformers' ``report_to`` uses)."""
 
 EvalMetric = Literal[
     "rougeL",
@@ -177,6 +259,22 @@ class AlgorithmConfig(Section):
     """Whether the algorithm has the client-side evaluation task (``eval.personal``)."""
     requires_personal_eval: ClassVar[bool] = False
     """A method whose models are all personal (no global model): ``eval.personal`` must be on."""
+    dp_refused: ClassVar[str | None] = (
+        "it does not declare client-level DP support (a method whose server moves its model only by "
+        "Algorithm.aggregate of client tensors with the reference state sets dp_refused = None)"
+    )
+    """Why the method cannot run under ``dp`` (client-level differential privacy); None: its clients are
+    sampled by ``Algorithm.sample_clients`` and every client-dependent change of the released model goes
+    through ``Algorithm.aggregate(states, weights, reference)``, which clips, noises and accounts."""
+
+    def dp_problem(self) -> str | None:
+        """Why the method, so configured, cannot run under ``dp`` (default: ``dp_refused``)."""
+        return self.dp_refused
+
+    quantization_refused: ClassVar[str | None] = None
+    """Why the method cannot train on a quantised base (``model.quantization``), e.g. because its
+    clients' models are built from weights sent over the wire; None: the method loads its LoRA bases
+    through ``Resources.model`` and ``model.quantization`` applies to them."""
 
 
 class FlowerConfig(Section):
@@ -206,6 +304,11 @@ class ExperimentConfig(Section):
     algorithm: str = "fedit"
     output_dir: str | None = None
     progress: bool = True
+    # Experiment trackers fed with every metrics.jsonl row (``fedtune.tracking``): TensorBoard event files
+    # in <run dir>/tensorboard, W&B (offline unless WANDB_MODE says otherwise) and MLflow (a local store
+    # in the run directory unless MLFLOW_TRACKING_URI names one). Each needs its extra, e.g.
+    # ``pip install 'fedtune[wandb]'``; a resumed run continues the same tracked run.
+    report_to: list[TrackerName] = []
     model: ModelConfig = ModelConfig()
     lora: LoraConfig = LoraConfig()
     data: DataConfig = DataConfig()
@@ -213,6 +316,8 @@ class ExperimentConfig(Section):
     fed: FedConfig = FedConfig()
     eval: EvalConfig = EvalConfig()
     flower: FlowerConfig = FlowerConfig()
+    dp: DPConfig = DPConfig()
+    secagg: SecAggConfig = SecAggConfig()
 
     # The running algorithm's own section is an extra attribute named after it (``cfg.fedbiot``),
     # validated by that algorithm's ``Config`` class; no other algorithm's section is accepted.
@@ -241,6 +346,14 @@ class ExperimentConfig(Section):
         raw[algorithm] = given
         return raw
 
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker_or_a_list(cls, value: Any) -> Any:
+        # ``report_to: wandb`` (or ``report_to=wandb`` on the command line) means [wandb]; repeats count once.
+        if isinstance(value, str):
+            value = [value]
+        return list(dict.fromkeys(value)) if isinstance(value, list) else value
+
     def section(self, name: str | None = None) -> Any:
         """The running algorithm's config section (``name``, if given, must be that algorithm)."""
         name = name or self.algorithm
@@ -266,6 +379,12 @@ class ExperimentConfig(Section):
                 f"fed.mode {self.fed.mode!r} is not supported by algorithm {self.algorithm!r}; "
                 f"it supports {', '.join(modes)}"
             )
+        problem = _quantization_problem(self, section)
+        if problem:
+            raise ValueError(problem)
+        problem = _dp_problem(self, section) or _secagg_problem(self, section)
+        if problem:
+            raise ValueError(problem)
         if self.fed.min_replies > self.data.partition.num_clients:
             raise ValueError("fed.min_replies is larger than data.partition.num_clients")
         per_round = self.fed.clients_per_round
@@ -307,6 +426,102 @@ CONFIG_PROBLEMS = "fedtune_config"
 def _problems(lines: list[str]) -> PydanticCustomError:
     """Config problems found outside pydantic's own checks, reported through its error list."""
     return PydanticCustomError(CONFIG_PROBLEMS, "{problems}", {"problems": "\n".join(lines)})
+
+
+def _quantization_problem(cfg: ExperimentConfig, section: AlgorithmConfig) -> str | None:
+    """``model.quantization`` where the method refuses it, without bitsandbytes, or on a device
+    bitsandbytes has no kernels for."""
+    bits = cfg.model.quantization
+    if bits is None:
+        return None
+    if section.quantization_refused:
+        return (
+            f"model.quantization {bits}: algorithm {cfg.algorithm!r} cannot train on a quantised base: "
+            f"{section.quantization_refused}; remove model.quantization (null)"
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return (
+            f"model.quantization {bits} needs bitsandbytes, which is not installed: "
+            "pip install 'fedtune[quant]'"
+        )
+    device = cfg.model.device.split(":")[0]
+    if device not in ("auto", "cpu", "cuda"):
+        return f"model.quantization {bits}: bitsandbytes runs on cpu or cuda, not model.device {device!r}"
+    return None
+
+
+def _dp_problem(cfg: ExperimentConfig, section: AlgorithmConfig) -> str | None:
+    """What ``dp.enabled`` cannot run with: a method that refuses it, a mode without aggregation, a robust
+    aggregator or the median screen (whose choices depend on the other clients' updates, so one client
+    could change what many contribute: the sum's sensitivity would no longer be ``dp.clip_norm``).
+
+    ``fed.screen`` left at its default is switched off here; one set explicitly is an error."""
+    if not cfg.dp.enabled:
+        return None
+    if importlib.util.find_spec("dp_accounting") is None:
+        return "dp.enabled needs dp-accounting, which is not installed: pip install 'fedtune[dp]'"
+    refused = section.dp_problem()
+    if refused:
+        return (
+            f"dp.enabled: algorithm {cfg.algorithm!r} cannot run with client-level differential privacy: "
+            f"{refused}; set dp.enabled: false"
+        )
+    if cfg.fed.mode != "federated":
+        return (
+            f"dp.enabled: fed.mode {cfg.fed.mode!r} aggregates nothing across clients, so there is no "
+            "noised mean to protect them; use fed.mode: federated or dp.enabled: false"
+        )
+    if cfg.fed.aggregator != "mean":
+        return (
+            f"dp.enabled: fed.aggregator {cfg.fed.aggregator!r} has no sensitivity bound the accountant "
+            "covers; under dp every update is clipped to dp.clip_norm (which bounds a lying client too): "
+            "set fed.aggregator: mean"
+        )
+    if cfg.fed.screen is not None:
+        if "screen" in cfg.fed.model_fields_set:
+            return (
+                "dp.enabled: fed.screen drops a reply by comparing it with the other replies' median, so "
+                "one client could change what others contribute and the sum's sensitivity would exceed "
+                "dp.clip_norm; under dp clipping bounds every reply instead: set fed.screen: null"
+            )
+        cfg.fed.screen = None
+    return None
+
+
+def _secagg_problem(cfg: ExperimentConfig, section: AlgorithmConfig) -> str | None:
+    """What ``secagg.enabled`` cannot run with: the methods and settings ``dp`` refuses (the protocol sums
+    the same updates ``Algorithm.aggregate`` combines), per-reply screening (the server sees no single
+    reply) and a sum that would overflow the 32-bit modulus."""
+    if not cfg.secagg.enabled:
+        return None
+    refused = section.dp_problem()
+    if refused:
+        return (
+            f"secagg.enabled: algorithm {cfg.algorithm!r} cannot aggregate securely: {refused}; "
+            "set secagg.enabled: false"
+        )
+    if cfg.fed.mode != "federated":
+        return f"secagg.enabled: fed.mode {cfg.fed.mode!r} has no sum of client updates to protect"
+    if cfg.fed.aggregator != "mean":
+        return (
+            f"secagg.enabled: fed.aggregator {cfg.fed.aggregator!r} needs every update, and the server only "
+            "learns their sum: set fed.aggregator: mean"
+        )
+    if cfg.fed.screen is not None:
+        if "screen" in cfg.fed.model_fields_set:
+            return (
+                "secagg.enabled: fed.screen compares single replies, which the server no longer sees (the "
+                "clients clip and check their own updates): set fed.screen: null"
+            )
+        cfg.fed.screen = None
+    clients = cfg.data.partition.num_clients
+    if clients * ((1 << cfg.secagg.bits) - 1) >= 1 << 32:
+        most = max(bits for bits in range(1, 33) if clients * ((1 << bits) - 1) < 1 << 32)
+        return (
+            f"secagg.bits {cfg.secagg.bits}: the sum of {clients} clients' values overflows the 32-bit "
+            f"modulus; use secagg.bits <= {most}"
+        )
+    return None
 
 
 def _choice_metric_problem(cfg: ExperimentConfig) -> str | None:

@@ -79,6 +79,8 @@ def round_summary(row: dict[str, Any]) -> str:
     parts = [f"loss {row['train_loss']:.4f}" if row.get("train_loss") is not None else "loss -"]
     parts += [f"{k} {v:.4g}" for k, v in row.get("eval", {}).items()]
     parts.append(f"up {megabytes(row['bytes_up'])}")
+    if "dp_epsilon" in row:
+        parts.append(f"epsilon {row['dp_epsilon']:.3g}")
     failed = len(row.get("failed", {})) + len(row.get("rejected", {}))
     if failed:
         parts.append(f"{failed} client(s) dropped")

@@ -34,11 +34,13 @@ from fedtune.fl.checkpoint import (
     save_checkpoint,
 )
 from fedtune.fl.federation import ClientTask, ServerContext, ServerFederation
+from fedtune.fl.secagg import SecureFederation
 from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
 from fedtune.progress import RunProgress, round_summary, summary_table
 from fedtune.resources import Resources
 from fedtune.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
 from fedtune.rundir import deferred_interrupt, run_dir_lock
+from fedtune.tracking import Trackers
 from fedtune.train.loop import peak_rss_mb
 from fedtune.version import __version__
 
@@ -145,6 +147,7 @@ class Runner:
         self.tap = tap
         self.history: list[dict[str, Any]] = []
         self.untrained_categories: list[str] = []
+        self.trackers: Trackers | None = None
 
     def _build(
         self, progress: RunProgress, resume: bool = False
@@ -167,10 +170,12 @@ class Runner:
         resources = Resources(self.cfg)
         algorithm = get_algorithm(self.cfg.algorithm)(self.cfg)
         fed = (
-            self.federation(self.cfg, algorithm.client_tasks(), data, resources)
+            self.federation(self.cfg, algorithm.all_client_tasks(), data, resources)
             if self.federation is not None
             else self._in_process(algorithm, data, resources, progress)
         )
+        if algorithm.secure is not None:  # the update task's arrays stay on the clients, summed masked
+            fed = SecureFederation(fed, algorithm.secure)
         server = ServerContext(
             cfg=self.cfg,
             resources=resources,
@@ -197,7 +202,7 @@ class Runner:
     ) -> InProcessFederation:
         fed = InProcessFederation(
             self.cfg,
-            algorithm.client_tasks(),
+            algorithm.all_client_tasks(),
             data.clients,
             resources,
             self.run_dir,
@@ -217,6 +222,8 @@ class Runner:
             "federation": fed.state_dict(),
             "history": self.history,
         }
+        if algorithm.privacy is not None:  # the DP secret and ledger: in the checkpoint, nowhere else
+            tree["privacy"] = algorithm.privacy.state_dict()
         save_checkpoint(self.run_dir, rnd, tree, keep=self.cfg.fed.keep_checkpoints)
 
     def _write_metrics(self) -> None:
@@ -241,6 +248,8 @@ class Runner:
         tree = load_checkpoint(path)
         algorithm.load_state_dict(tree["algorithm"])
         fed.load_state_dict(tree["federation"])
+        if algorithm.privacy is not None and "privacy" in tree:
+            algorithm.privacy.load_state_dict(tree["privacy"])
         self.history = list(tree["history"])
         # metrics.jsonl may hold a row written after this checkpoint's parent died: rewrite it.
         self._write_metrics()
@@ -265,11 +274,23 @@ class Runner:
         return _eval_row(merge_results(*results))
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
+        # Before anything is written: a tracker in report_to that is not installed stops the run here.
+        trackers = Trackers(self.cfg, self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with run_dir_lock(self.run_dir):
-            return self._run(resume)
+            return self._run(resume, trackers)
 
-    def _run(self, resume: bool) -> list[dict[str, Any]]:
+    def _run(self, resume: bool, trackers: Trackers) -> list[dict[str, Any]]:
+        self.trackers = trackers
+        try:
+            self._run_tracked(resume, trackers)
+        except BaseException:
+            trackers.finish(failed=True)
+            raise
+        self.print_summary()
+        return self.history
+
+    def _run_tracked(self, resume: bool, trackers: Trackers) -> None:
         if not resume:
             pin_data_paths(self.cfg)
             if checkpoint_dirs(self.run_dir):
@@ -278,6 +299,7 @@ class Runner:
                     "--output-dir"
                 )
             dump_config(self.cfg, self.run_dir / "config.yaml", extra={"versions": _versions()})
+        trackers.start()
         _seed_everything(self.cfg.seed)
         rounds = self.cfg.fed.rounds
         with RunProgress(self.console, rounds, enabled=self.cfg.progress) as progress:
@@ -286,21 +308,30 @@ class Runner:
             progress.phase("setting up")
             algorithm.setup(server)
             last = self._restore(algorithm, fed) if resume else -1
+            if algorithm.privacy is not None:
+                algorithm.privacy.start(fed.client_ids(), algorithm.clients_per_round(fed))
             if last < 0:
-                row = {"round": 0}
+                row: dict[str, Any] = {"round": 0}
                 if self.cfg.eval.before:
                     row.update(self._evaluate(0, algorithm, fed, server, progress))
+                if algorithm.privacy is not None:
+                    row.update(algorithm.privacy.row())
                 self.history = [row]
                 with deferred_interrupt():
                     self._checkpoint(0, algorithm, fed)
                     self._write_metrics()
                 last = 0
+            trackers.catch_up(self.history)
             progress.progress.update(progress.rounds_task, completed=last)
             for rnd in range(last + 1, rounds + 1):
+                stop = algorithm.privacy.stop_reason(rnd) if algorithm.privacy is not None else None
+                if stop is not None:  # dp.max_epsilon: end cleanly, the final artifacts are written
+                    log.warning(stop)
+                    self.console.print(f"[yellow]{stop}[/]")
+                    break
                 self._one_round(rnd, algorithm, fed, server, progress)
         algorithm.save_final(server, self.run_dir / "artifacts")
-        self.print_summary()
-        return self.history
+        trackers.finish([self.run_dir / name for name in ("artifacts", "config.yaml", "metrics.jsonl")])
 
     def _one_round(
         self,
@@ -314,6 +345,10 @@ class Runner:
         fed.begin_round(rnd)
         result = algorithm.run_round(rnd, server, fed)
         row = _round_row(rnd, result, fed)
+        if algorithm.privacy is not None:
+            row.update(algorithm.privacy.row())
+        if algorithm.secure is not None:
+            row.update(algorithm.secure.row())
         client_seconds = row["client_seconds"]
         if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fed.rounds:
             row.update(self._evaluate(rnd, algorithm, fed, server, progress))
@@ -324,10 +359,19 @@ class Runner:
         with deferred_interrupt():
             self._checkpoint(rnd, algorithm, fed)
             self._append_metrics(row)
+            if self.trackers is not None:
+                self.trackers.log(row)
         progress.end_round(rnd, round_summary(row))
 
     def print_summary(self) -> None:
         self.console.print(summary_table(self.history, self.cfg.name))
+        last = self.history[-1] if self.history else {}
+        if "dp_epsilon" in last:
+            self.console.print(
+                f"client-level DP: epsilon {last['dp_epsilon']:.4g} at delta {last['dp_delta']:g} after "
+                f"round {last['round']} (noise multiplier {last['dp_noise_multiplier']:.4g}, sampling rate "
+                f"{last['dp_sample_rate']:.4g}, clip norm {self.cfg.dp.clip_norm:g})"
+            )
         if self.untrained_categories:
             self.console.print(
                 f"categories in no client's training data (evaluated all the same): "

@@ -46,6 +46,8 @@ VOLATILE = {
     "teacher_seconds",
     "kd_student_seconds",
     "distill_seconds",
+    "secagg_seconds",
+    "api_seconds",
 }
 METRICS_FILE = Path(__file__).with_name("metrics.json")
 

@@ -235,3 +235,30 @@ def test_memory_benchmarks_measure_the_paper_tables_rows() -> None:
     perfit = _load("perfit_memory").VARIANTS
     assert perfit["fit"] == perfit_table.ROWS["fit"]
     assert perfit["perfit"][: len(perfit_table.ROWS["perfit_s0.5"])] == perfit_table.ROWS["perfit_s0.5"]
+
+
+def test_p13_smoke_measures_every_k_against_the_exact_source(tmp_path: Path) -> None:
+    _load("fedpt_http_topk").main(["--smoke", "--threads", "1", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "p13.smoke.json").read_text())
+    assert (tmp_path / "p13.smoke.md").read_text().startswith("P13")
+    assert record["smoke"] is True and record["vocab"] == 262
+    kls = [record[k]["teacher"]["kl_large"] for k in ("5", "20", "128", "V")]
+    assert kls[0] > kls[2] > 0 and abs(kls[3]) < 1e-5  # more named ids, closer; all of them, exact
+    assert record["V"]["teacher"]["known_mass"] == pytest.approx(1.0)
+    for k in ("5", "20", "128", "V"):
+        assert _positive(record[k]["teacher"]["api_s_per_request"]) and _positive(
+            record[k]["decoding"]["steps"]
+        )
+
+
+def test_secagg_smoke_measures_both_sides(tmp_path: Path) -> None:
+    _load("secagg_overhead").main(["--smoke", "--results-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "secagg.smoke.json").read_text())
+    assert (tmp_path / "secagg.smoke.md").read_text().startswith("SecAgg")
+    (result,) = record["results"]
+    assert result["clients"] == 4 and set(result["summary"]) == {"plain", "secure"}
+    plain, secure = result["summary"]["plain"], result["summary"]["secure"]
+    # Three of the four clients upload on both sides: as many masked vectors as updates (4 bytes a
+    # value), and the keys, shares and unmasking on top.
+    assert secure["bytes_up_per_client"] > plain["bytes_up_per_client"] > 3 * 4 * 1000 / 4
+    assert _positive(result["secure_vs_plain"]["wall_s"])

@@ -155,3 +155,35 @@ def test_a_client_model_that_does_not_exist_names_its_key(tmp_path: Path) -> Non
         quiet_runner(cfg, tmp_path / "run").run()
 
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_centralized_trains_the_run_model_on_all_private_data_and_the_public_set(tmp_path: Path) -> None:
+    """The paper's Centralized baseline: one party tunes ``model:`` by SFT on the union of the clients'
+    private data and the public set; nothing else travels but its LoRA."""
+    overrides = ("fed.mode=centralized", "eval.personal=false", "train.max_steps=null", "fed.rounds=1")
+    cfg = tiny_config("fedmkt", *overrides)
+    data = prepare_data(cfg)
+    public = public_subset(data.public_records, cfg.fedmkt.public_examples, cfg.seed)
+
+    history, seen = tapped_run(tmp_path, *overrides)
+
+    (upload,) = [p for direction, _, task, p in seen if direction == "up" and task == "fit"]
+    private = len(data.clients["central"])
+    assert upload["num_examples"] == private  # the aggregation weight: the data the party holds
+    assert upload["trained_examples"] == private + len(public)
+    arrays = {k for k, v in upload.items() if isinstance(v, np.ndarray)}
+    assert arrays and all(k.startswith(ADAPTER) for k in arrays)
+    assert history[-1]["eval"]["perplexity"] != pytest.approx(history[0]["eval"]["perplexity"])
+
+
+def test_lam_one_trains_the_llm_on_the_public_set_alone(tmp_path: Path) -> None:
+    """``fedmkt.lam=1`` (the "LLM on the public set only" row): the LLM's loss is the public set's CE
+    alone, so knowledge the SLMs send -- here selected by DualMinCE on every sample, and different in
+    the two runs (SLMs trained at two learning rates) -- does not move it; it still trains."""
+    row = ("fedmkt.lam=1", "fedmkt.slm_learns=false", "fed.rounds=1", "fedmkt.clients=[tiny-llama-L2-H64]")
+    first, _ = tapped_run(tmp_path / "a", *row)
+    other, _ = tapped_run(tmp_path / "b", *row, "train.lr=0.05")
+
+    assert first[-1]["llm_kd_selected"] > 0 and other[-1]["llm_kd_selected"] > 0
+    assert first[-1]["eval"]["perplexity"] == other[-1]["eval"]["perplexity"]
+    assert first[-1]["eval"]["perplexity"] != pytest.approx(first[0]["eval"]["perplexity"])

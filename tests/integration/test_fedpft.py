@@ -245,3 +245,49 @@ def test_apoz_replies_a_client_cannot_have_counted_are_rejected(
     apoz_row = next(row for row in history if "apoz_clients" in row)
     assert reason in apoz_row["rejected"]["c00"]
     assert apoz_row["apoz_clients"] == 3 and 0 <= apoz_row["apoz_mean"] <= 1
+
+
+def test_distilling_the_output_norms_trains_and_re_sends_the_compressed_layers_only(tmp_path: Path) -> None:
+    """``distill_norms``: the compressed layers' FFN output LayerNorm trains with their FFN (as the
+    authors' code) and travels with it (``ffn/``, again after each distillation); the norms of layers
+    kept whole stay the full model's and travel once (``frozen/``). The other distillation options
+    (warmup + cosine, the layer-relative error) run with it."""
+    options = (
+        "fedpft.distill_norms=true",
+        "fedpft.distill_schedule=cosine",
+        "fedpft.distill_warmup_ratio=0.25",
+        "fedpft.hidden_loss=layer_relative",
+    )
+    cfg = tiny_config("fedpft", *options)
+    _, seen = tapped_run(tmp_path, *options)
+
+    def norm_of(key: str) -> int | None:
+        match = re.search(r"\.layer\.(\d+)\.output\.LayerNorm\.", key)
+        return None if match is None or ".attention." in key else int(match.group(1))
+
+    downs = [p for direction, _, _, _, p in seen if direction == "down"]
+    sent = {k for p in downs for k in p if norm_of(k) is not None}
+    assert {k for k in sent if k.startswith(FFN)} and {norm_of(k) for k in sent if k.startswith(FFN)} == {
+        1,
+        2,
+    }
+    assert {norm_of(k) for k in sent if k.startswith(FROZEN)} == {0, 3}
+    state = load_checkpoint(latest_checkpoint(tmp_path))["algorithm"]  # type: ignore[arg-type]
+    full, _ = load_encoder_classifier(cfg.model.name, 24, device="cpu", seed=cfg.seed)
+    reference = {n: p.detach().numpy() for n, p in full.named_parameters()}
+    norms = {k: norm_of(k) for k in state["ffn"] if norm_of(k) is not None}
+    assert set(norms.values()) == {1, 2}
+    assert all(not np.array_equal(state["ffn"][k], reference[k]) for k in norms)
+
+
+def test_distilling_the_norms_of_a_model_without_one_after_its_ffn_names_the_key(tmp_path: Path) -> None:
+    from fedtune.config import ConfigError
+
+    cfg = tiny_config("fedpft", "model.name=tiny-llama-L4-H32", "fedpft.distill_norms=true")
+
+    with pytest.raises(ConfigError, match=r"fedpft\.distill_norms"):
+        quiet_runner(cfg, tmp_path / "run").run()
+
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").iterdir()
+    )

@@ -233,3 +233,48 @@ def test_distillation_has_its_own_optimiser_settings(tmp_path: Path) -> None:
     kd_warm = final_adapter("kd-warmup", "fedpt.kd_warmup_ratio=0.5")
     assert any(not np.array_equal(default[k], kd_clipped[k]) for k in default)
     assert any(not np.array_equal(default[k], kd_warm[k]) for k in default)
+
+
+def test_the_output_is_alg1s_proxy_of_the_aggregate_before_its_distillation(tmp_path: Path) -> None:
+    """Alg. 1 (l.9) builds the proxy from the round's FedAvg aggregate, before that round's distillation:
+    that small model is what is evaluated (``small/``, and the proxy over it) and the final model; the
+    small model after the distillation (what the clients are sent next) is the variant ``*-distilled``."""
+    from fedtune.artifacts import load_final
+    from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
+    from fedtune.models.lora import adapter_arrays
+    from fedtune.rundata import prepare_data
+
+    cfg = tiny_config("fedpt", "fed.rounds=1", "eval.before=false", "fedpt.eval_distilled=true")
+    uploads: list[Payload] = []
+    tap = lambda d, c, t, r, p: uploads.append(p) if d == "up" else None  # noqa: E731
+    history = quiet_runner(cfg, tmp_path / "run", tap=tap).run()
+
+    weights = [int(p["num_examples"]) for p in uploads]
+    keys = [k for k in uploads[0] if k.startswith("adapter/")]
+    aggregate = {
+        k.split("/", 1)[1]: np.average([p[k] for p in uploads], axis=0, weights=weights) for k in keys
+    }
+    checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "run"))  # type: ignore[arg-type]
+    distilled = checkpoint["algorithm"]["global_adapter"]
+    assert any(not np.allclose(distilled[k], v) for k, v in aggregate.items())  # the distillation moved it
+
+    small = load_final(tmp_path / "run", variant="small")
+    held = adapter_arrays(small.model)  # type: ignore[attr-defined]
+    for key, value in aggregate.items():
+        np.testing.assert_allclose(held[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    records = prepare_data(cfg).eval_records
+    small_ppl = small.evaluate(records).metrics["perplexity"]
+    assert small_ppl == pytest.approx(history[-1]["eval"]["small/perplexity"], rel=1e-5)
+
+    after = load_final(tmp_path / "run", variant="small-distilled")
+    held = adapter_arrays(after.model)  # type: ignore[attr-defined]
+    for key, value in distilled.items():
+        np.testing.assert_allclose(held[key], value, rtol=1e-6, atol=1e-8, err_msg=key)
+    final = history[-1]["eval"]
+    assert after.evaluate(records).metrics["perplexity"] == pytest.approx(
+        final["distilled/small/perplexity"], rel=1e-5
+    )
+    proxy = load_final(tmp_path / "run", variant="proxy-distilled")
+    assert proxy.evaluate(records).metrics["perplexity"] == pytest.approx(
+        final["distilled/perplexity"], rel=1e-4
+    )

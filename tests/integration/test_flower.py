@@ -228,3 +228,45 @@ def test_client_side_evaluation_and_fp16_wire_on_flower(deployment: LocalDeploym
     assert set(actual[1]["eval_by_client"]) == {"c00", "c01"}
     assert "personal/perplexity" in actual[1]["eval"]
     assert_close(stable(actual), stable(expected))
+
+
+@pytest.mark.slow  # a Flower run costs about a minute; DP itself runs in the same server code as in-process
+def test_dp_on_flower_equals_in_process_with_the_same_secret(
+    deployment: LocalDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: client-level DP; the in-process run is given the secret the Flower run drew.
+    private = (*TWO_CLIENTS, "dp.enabled=true", "dp.noise_multiplier=1.0", "dp.clip_norm=0.5")
+    actual = flower_run(deployment, tiny_config("fedit", *private), tmp_path / "flower")
+    trees = {"flower": load_checkpoint(latest_checkpoint(tmp_path / "flower"))}  # type: ignore[arg-type]
+    secret = int(trees["flower"]["privacy"]["secret"], 16)
+    monkeypatch.setattr("fedtune.fl.privacy.secrets.randbits", lambda bits: secret)
+
+    # Execute
+    expected = quiet_runner(tiny_config("fedit", *private), tmp_path / "simulation").run()
+
+    # Assert: the same sample, noise, epsilon and model on both backends
+    assert actual[-1]["dp_epsilon"] > 0
+    assert_close(stable(actual), stable(expected))
+    trees["simulation"] = load_checkpoint(latest_checkpoint(tmp_path / "simulation"))  # type: ignore[arg-type]
+    assert trees["flower"]["privacy"] == trees["simulation"]["privacy"]
+    for key, value in trees["simulation"]["algorithm"]["global_adapter"].items():
+        np.testing.assert_allclose(trees["flower"]["algorithm"]["global_adapter"][key], value, atol=1e-6)
+
+
+@pytest.mark.slow  # a Flower run costs about a minute; the protocol's tasks are plain fed.call messages
+def test_secure_aggregation_on_flower_equals_in_process(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # Prepare / Execute: SecAgg+ between two SuperNodes, and in-process
+    secure = (*TWO_CLIENTS, "fed.rounds=1", "secagg.enabled=true")
+    expected = quiet_runner(tiny_config("fedit", *secure), tmp_path / "simulation").run()
+    actual = flower_run(deployment, tiny_config("fedit", *secure), tmp_path / "flower")
+
+    # Assert: the same sum (the rounding is seeded, the masks cancel exactly), the protocol's bytes counted
+    assert actual[1]["secagg_clients"] == 2 and actual[1]["secagg_bytes_up"] > 0
+    volatile = {"secagg_seconds"}
+    assert_close(
+        [{k: v for k, v in row.items() if k not in volatile} for row in stable(actual)],
+        [{k: v for k, v in row.items() if k not in volatile} for row in stable(expected)],
+    )
+    trees = {n: load_checkpoint(latest_checkpoint(tmp_path / n)) for n in ("flower", "simulation")}  # type: ignore[arg-type]
+    for key, value in trees["simulation"]["algorithm"]["global_adapter"].items():
+        np.testing.assert_allclose(trees["flower"]["algorithm"]["global_adapter"][key], value, atol=1e-6)

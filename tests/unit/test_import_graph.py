@@ -90,7 +90,7 @@ LOW_LAYERS = (
     "fedtune.align",
     "fedtune.proxy",
 )
-APPLICATION = ("fedtune.runner", "fedtune.artifacts", "fedtune.cli", "fedtune.flower")
+APPLICATION = ("fedtune.runner", "fedtune.artifacts", "fedtune.cli", "fedtune.flower", "fedtune.serve")
 LAYER_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     # What runs experiments sits above everything that trains, evaluates and federates.
     (LOW_LAYERS, (*APPLICATION, "fedtune.algorithms")),

@@ -96,7 +96,7 @@ def collect_adapters(
     """
     cfg = algorithm.cfg
     if sampled is None:
-        sampled = fed.sample(algorithm.clients_per_round(fed), rnd)
+        sampled = algorithm.sample_clients(fed, rnd)
     spec = ReplySpec.like(
         {ADAPTER + k: v for k, v in global_adapter.items()},
         scalars=REPLY_SCALARS,
@@ -112,16 +112,19 @@ def collect_adapters(
 def fit_round_result(
     sampled: list[str], replies: Mapping[str, Payload], weights: list[int], extra: Mapping[str, float] = {}
 ) -> RoundResult:
-    """The round's statistics from the clients' fit replies (loss weighted by example count)."""
+    """The round's statistics from the clients' fit replies (loss weighted by example count); a round
+    without replies (a Poisson sample under ``dp`` may be empty) has no loss and zero counts."""
     losses = [float(r["train_loss"]) for r in replies.values()]
     return RoundResult(
         clients=sampled,
-        train_loss=float(np.average(losses, weights=weights)),
+        train_loss=float(np.average(losses, weights=weights)) if losses else None,
         num_examples=sum(weights),
         tokens=sum(int(r["tokens"]) for r in replies.values()),
         trained_examples=sum(int(r["trained_examples"]) for r in replies.values()),
         extra={
-            "client_peak_mem_mb": max(float(r.get("peak_mem_mb", 0.0)) for r in replies.values()),
+            "client_peak_mem_mb": max(
+                (float(r.get("peak_mem_mb", 0.0)) for r in replies.values()), default=0.0
+            ),
             **extra,
         },
     )

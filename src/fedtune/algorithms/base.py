@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
+from fedtune.algorithms.exporting import Exported, export_causal_lm, full_precision
 from fedtune.algorithms.final import (
     FinalModel,
     FinalRun,
@@ -33,6 +34,9 @@ from fedtune.eval.evaluate import (
 from fedtune.fl.aggregate import robust_aggregate
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
+from fedtune.fl.privacy import ClientLevelDP
+from fedtune.fl.secagg import SecAggSettings, SecureAggregation, secure_update_task
+from fedtune.fl.secagg import client_tasks as secagg_tasks
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.spec import ModelSpec
 from fedtune.resources import model_spec
@@ -80,8 +84,21 @@ class Algorithm(ABC, Generic[SectionT]):
     """Metric keys that legitimately grow in the first round after a resume: an algorithm whose clients
     cache what they received (FedBiOT's emulator) sends it again to clients restarted with the server."""
 
+    privacy: ClientLevelDP | None = None
+    """The run's client-level DP mechanism (``dp.enabled``): ``sample_clients`` and ``aggregate`` use it."""
+    secure: SecureAggregation | None = None
+    """The run's secure aggregation (``secagg.enabled``): the runner wraps the federation with it and
+    ``aggregate`` takes the round's secure sum."""
+    update_task: ClassVar[str] = "fit"
+    """The client task whose reply's arrays are the update ``aggregate`` combines (what secure
+    aggregation keeps on the clients and sums masked)."""
+
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
+        self.privacy = ClientLevelDP(cfg.dp, cfg.fed) if cfg.dp.enabled else None
+        self.secure = (
+            SecureAggregation(secagg_settings(cfg), self.update_task) if cfg.secagg.enabled else None
+        )
 
     @property
     def section(self) -> SectionT:
@@ -91,6 +108,17 @@ class Algorithm(ABC, Generic[SectionT]):
 
     @abstractmethod
     def client_tasks(self) -> dict[str, ClientTask]: ...
+
+    def all_client_tasks(self) -> dict[str, ClientTask]:
+        """``client_tasks()`` as the clients run them: with ``secagg`` the update task keeps its update
+        (clipped, checked finite) on the client and the protocol's four tasks join."""
+        tasks = dict(self.client_tasks())
+        if self.secure is not None:
+            cfg = self.cfg
+            bound = cfg.dp.clip_norm if cfg.dp.enabled else cfg.fed.norm_bound
+            tasks[self.update_task] = secure_update_task(tasks[self.update_task], bound)
+            tasks.update(secagg_tasks())
+        return tasks
 
     @abstractmethod
     def setup(self, server: ServerContext) -> None: ...
@@ -196,11 +224,62 @@ class Algorithm(ABC, Generic[SectionT]):
         final model is something else overrides this."""
         return load_adapter_model(run.cfg, run.run_dir)
 
+    export_formats: ClassVar[tuple[str, ...]] = ("peft", "merged", "gguf")
+    """What ``fedtune export`` can write of the final model: ``peft`` (the LoRA adapter as a peft
+    directory), ``merged`` (a transformers model directory) and ``gguf`` (converted from ``merged``)."""
+
+    @classmethod
+    def export_final(cls, run: FinalRun, fmt: str, out: Path) -> Exported:
+        """Write the final model to ``out`` as ``fmt`` (``peft`` or ``merged``) and say what was written.
+
+        The default exports ``final_model`` when it is a causal LM (with the base model loaded
+        unquantised); a method whose final model is something else overrides this to write the part
+        that stands on its own (and says so), or refuses with ``ExportError``."""
+        return export_causal_lm(cls.final_model(full_precision(run)), fmt, out, "the final model")
+
     def aggregate(
-        self, states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+        self,
+        states: Sequence[Mapping[str, np.ndarray]],
+        weights: Sequence[float],
+        reference: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """The clients' tensors combined by ``fed.aggregator``: the weighted mean, or a robust rule."""
+        """The clients' tensors combined by ``fed.aggregator``: the weighted mean, or a robust rule.
+
+        ``reference`` is the state the clients started from (what the server sent). Under ``dp`` it is
+        required: the result is then ``reference`` moved by the noised sum of the clients' clipped
+        updates over the expected count, unweighted (``fl.privacy``), and the round is accounted.
+        Under ``secagg`` ``states`` are empty (the updates stayed on the clients): the result is
+        ``reference`` moved by the round's secure sum (weighted by example count, or noised under ``dp``)."""
+        if self.secure is not None:
+            if reference is None:
+                raise RunError(
+                    f"secagg: algorithm {self.name!r} aggregated without the reference state; pass what "
+                    "the clients started from as Algorithm.aggregate(..., reference=)"
+                )
+            total, weight = self.secure.take(reference)
+            if self.privacy is not None:
+                return self.privacy.release_sum(reference, total)
+            if weight <= 0:  # nobody's update is in the sum: the model stays
+                return {key: np.array(value, copy=True) for key, value in reference.items()}
+            return {
+                key: (np.asarray(value, dtype=np.float64) + total[key] / weight).astype(value.dtype)
+                for key, value in reference.items()
+            }
+        if self.privacy is not None:
+            if reference is None:
+                raise RunError(
+                    f"dp: algorithm {self.name!r} aggregated without the reference state; a method that "
+                    "sets dp_refused = None passes what it sent as Algorithm.aggregate(..., reference=)"
+                )
+            return self.privacy.aggregate(reference, states)
         return robust_aggregate(states, weights, self.cfg.fed.aggregator, self.cfg.fed.trim)
+
+    def sample_clients(self, fed: Federation, rnd: int) -> list[str]:
+        """Round ``rnd``'s clients: ``clients_per_round`` seeded by the run's seed, or under ``dp`` drawn
+        from the run's secret (Poisson with rate q, or ``fixed``) so that who took part stays hidden."""
+        if self.privacy is not None:
+            return self.privacy.sample(fed.client_ids(), rnd)
+        return fed.sample(self.clients_per_round(fed), rnd)
 
     def clients_per_round(self, fed: Federation) -> int:
         fed_cfg = self.cfg.fed
@@ -214,6 +293,21 @@ class Algorithm(ABC, Generic[SectionT]):
         needed = min(self.cfg.fed.min_replies, len(sampled))
         if len(replies) < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
+
+
+def secagg_settings(cfg: ExperimentConfig) -> SecAggSettings:
+    """The protocol's parameters from ``secagg:`` (and ``dp``: unweighted, quantised within C)."""
+    section = cfg.secagg
+    clip_range = section.clip_range or (cfg.dp.clip_norm if cfg.dp.enabled else None) or 1.0
+    return SecAggSettings(
+        threshold=section.threshold,
+        bits=section.bits,
+        clip_range=float(clip_range),
+        neighbours=section.neighbours,
+        weighted=not cfg.dp.enabled,
+        timeout=cfg.fed.client_timeout,
+        seed=cfg.seed,
+    )
 
 
 def held_out_limit(train_size: int | None, holdout: float) -> int | None:

@@ -35,6 +35,8 @@ from fedtune.fl.payload import Payload, arrays
 class FedAvgMConfig(AlgorithmConfig):
     """Server momentum ``momentum`` (beta) and server learning rate ``server_lr``."""
 
+    dp_refused = None  # every client-dependent change of the model goes through Algorithm.aggregate
+
     momentum: float = Field(0.9, ge=0, lt=1)
     server_lr: float = Field(1.0, gt=0)
 
@@ -79,7 +81,8 @@ class FedAvgM(Algorithm[FedAvgMConfig]):
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         message: Payload = {ADAPTER + key: value for key, value in self.global_adapter.items()}
         sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
-        average = self.aggregate([arrays(reply, ADAPTER) for reply in replies.values()], weights)
+        adapters = [arrays(reply, ADAPTER) for reply in replies.values()]
+        average = self.aggregate(adapters, weights, reference=self.global_adapter)
         self.global_adapter, self.velocity = momentum_step(
             self.global_adapter,
             average,

@@ -40,6 +40,7 @@ class FedITConfig(AlgorithmConfig):
 
     modes = ("federated", "standalone", "centralized")
     personal_eval = True
+    dp_refused = None  # every client-dependent change of the model goes through Algorithm.aggregate
 
     prox_mu: float = Field(0.0, ge=0)
     server_lr: float = Field(1.0, gt=0)
@@ -108,11 +109,12 @@ class FedIT(Algorithm[FedITConfig]):
             sampled, replies, weights = collect_adapters(
                 self, fed, rnd, self.global_adapter, self._broadcast()
             )
-            average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
+            adapters = [arrays(r, ADAPTER) for r in replies.values()]
+            average = self.aggregate(adapters, weights, reference=self.global_adapter)
             self.global_adapter = server_step(self.global_adapter, average, self.section.server_lr)
             return fit_round_result(sampled, replies, weights)
         # Standalone: only a client that holds no adapter yet is sent the initial one.
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        sampled = self.sample_clients(fed, rnd)
         messages = {cid: {} if cid in self.holders else self._broadcast() for cid in sampled}
         sampled, replies, weights = collect_adapters(
             self, fed, rnd, self.global_adapter, messages, reference=False, sampled=sampled

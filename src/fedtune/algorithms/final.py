@@ -3,17 +3,18 @@
 Every method says what its final model is through two hooks of ``Algorithm``: ``final_adapter``
 (a LoRA adapter on the run's ``model:``, saved here as a standard peft directory and loaded back by
 ``load_adapter_model``) or, when the final model is something else, ``write_artifacts`` +
-``final_model`` returning its own ``FinalModel``.
+``final_model`` returning its own ``FinalModel``. A final model that can decode token by token says how
+(``FinalModel.decoder``), and ``FinalModel.stream`` then streams its text (``fedtune serve``).
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from fedtune.data.records import Record
 from fedtune.errors import RunError
 from fedtune.eval.evaluate import EvalResult, evaluate_lm
 from fedtune.resources import Resources, model_spec
+
+if TYPE_CHECKING:
+    from fedtune.decode.generate import StepFn
 
 ADAPTER_DIR = "adapter"
 META_FILE = "meta.json"
@@ -41,6 +45,16 @@ class FinalRun:
 
 class FinalModelError(RunError):
     """A finished run's model cannot be loaded or cannot do what was asked (named in the message)."""
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """What decoding a final model token by token needs: a fresh ``StepFn`` per continuation (the model
+    in eval mode), the ids that end a continuation and the device its logits live on."""
+
+    step_fn: Callable[[], StepFn]
+    eos_token_ids: list[int]
+    device: Any
 
 
 class FinalModel(ABC):
@@ -66,6 +80,44 @@ class FinalModel(ABC):
             "(`fedtune eval` scores it)"
         )
 
+    def decoder(self) -> Decoder | None:
+        """How to decode token by token (``stream``), or None for a model that only has ``generate``."""
+        return None
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        stop: Sequence[str] = (),
+    ) -> Iterator[str]:
+        """The continuation of one prompt (already templated) as text deltas, token by token where the
+        model has a ``decoder`` (``TextStream``: ``finish_reason`` and ``new_tokens`` once it ends), else
+        ``generate``'s whole text cut at the first stop string, in one piece."""
+        from fedtune.decode.generate import TextStream, cut_at_stop
+
+        decoder = self.decoder()
+        if decoder is None:
+            (text,) = self.generate(
+                [prompt], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+            )
+            return iter([cut_at_stop(text, stop)] if text else [])
+        return TextStream(
+            decoder.step_fn(),
+            self.tokenizer,
+            self.tokenizer(prompt)["input_ids"],
+            device=decoder.device,
+            eos_token_ids=decoder.eos_token_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_strings=stop,
+        )
+
 
 class CausalLMModel(FinalModel):
     """A causal language model (e.g. the base model with the final LoRA adapter)."""
@@ -85,6 +137,14 @@ class CausalLMModel(FinalModel):
             seed=self.cfg.seed,
         )
 
+    def decoder(self) -> Decoder:
+        from fedtune.decode.generate import eos_token_ids, model_device, model_step_fn
+
+        model = self.model.eval()
+        return Decoder(
+            lambda: model_step_fn(model), eos_token_ids(model, self.tokenizer), model_device(model)
+        )
+
     def generate(
         self, prompts: list[str], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
     ) -> list[str]:
@@ -101,9 +161,16 @@ class CausalLMModel(FinalModel):
         )
 
 
-def load_base_model(cfg: ExperimentConfig) -> tuple[Any, Any]:
-    """The run's base model and tokenizer, from where the run loaded them (cache dir, GGUF file)."""
-    return model_spec(cfg.model, cfg.seed).load_causal_lm()
+def load_base_model(cfg: ExperimentConfig, *, quantized: bool = True) -> tuple[Any, Any]:
+    """The run's base model and tokenizer, from where the run loaded them (cache dir, GGUF file), and
+    quantised as the run trained on it (``model.quantization``).
+
+    ``quantized=False``: the same weights unquantised, in ``model.dtype``: what the final adapter is
+    merged into (``fedtune.models.lora.merge_lora``), since merging into 4- or 8-bit weights would
+    round every merged weight back to 4 or 8 bits.
+    """
+    spec = model_spec(cfg.model, cfg.seed)
+    return (spec if quantized else spec.replace(quantization=None)).load_causal_lm()
 
 
 def save_adapter_model(
@@ -119,11 +186,12 @@ def save_adapter_model(
     (directory / META_FILE).write_text(json.dumps(meta, indent=1))
 
 
-def load_adapter_model(cfg: ExperimentConfig, run_dir: Path) -> CausalLMModel:
-    """The run's base model with the peft adapter in ``run_dir/artifacts/adapter``."""
+def load_adapter_model(cfg: ExperimentConfig, run_dir: Path, adapter: str = ADAPTER_DIR) -> CausalLMModel:
+    """The run's base model with the peft adapter in ``run_dir/artifacts/<adapter>`` (``adapter``: the
+    final one by default; a method may save others beside it, e.g. FedPT's ``adapter-distilled``)."""
     from peft import PeftModel
 
-    adapter_dir = run_dir / "artifacts" / ADAPTER_DIR
+    adapter_dir = run_dir / "artifacts" / adapter
     if not (adapter_dir / "adapter_config.json").is_file():
         raise FinalModelError(
             f"{adapter_dir} has no adapter: did the run finish? (`fedtune resume {run_dir}`)"

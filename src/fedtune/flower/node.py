@@ -71,7 +71,7 @@ def task_names(config_yaml: str) -> list[str]:
     from fedtune.config import validate_config
 
     cfg = validate_config(yaml.safe_load(config_yaml), source="run config")
-    return list(get_algorithm(cfg.algorithm)(cfg).client_tasks())
+    return list(get_algorithm(cfg.algorithm)(cfg).all_client_tasks())
 
 
 def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
@@ -107,7 +107,7 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
             data, eval_data = holdout_split(data, cfg.data.holdout, cfg.seed, client_id)
     default_root = Path.home() / ".cache" / "fedtune" / "flower" / cfg.name
     root = Path(str(node_config.get("workdir", default_root))).expanduser()
-    tasks = get_algorithm(cfg.algorithm)(cfg).client_tasks()
+    tasks = get_algorithm(cfg.algorithm)(cfg).all_client_tasks()
     workdir = root / "clients" / client_id
     return NodeRuntime(
         cfg, client_id, data, Resources(cfg), workdir, tasks, eval_data, run_data.public_records

@@ -80,6 +80,8 @@ def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
     others = [load_run(path) for path in dict.fromkeys(compare or []) if path.resolve() != run_dir.resolve()]
     plots_dir = run_dir / "plots"
     sections = [f"# Report: {run.name}\n\nRun directory: `{run_dir}`\n", _summary_section(run)]
+    sections.append(privacy_section(run))
+    sections.append(secagg_section(run))
     sections.append(_learning_curves_section(run, plots_dir))
     sections.append(_category_section(run, plots_dir))
     sections.append(client_section(run))
@@ -109,6 +111,82 @@ def _summary_section(run: Run) -> str:
             markdown_table(["Quantity", "Value"], resource_rows(run.trained_rows)),
         ]
     )
+
+
+def privacy_section(run: Run) -> str:
+    """Client-level DP (``dp.enabled``): the epsilon spent, its delta, the mechanism, epsilon by round."""
+    private = [row for row in run.rows if "dp_epsilon" in row]
+    if not private:
+        return ""
+    last = private[-1]
+    trained = [row for row in private if row["round"] > 0]
+    configured = config_value(run.config, "fed.rounds")
+    limit = config_value(run.config, "dp.max_epsilon")
+    stopped = limit is not None and isinstance(configured, int) and last["round"] < configured
+    rows: list[list[object]] = [
+        ["epsilon (after the last round)", last["dp_epsilon"]],
+        ["delta", last["dp_delta"]],
+        ["rounds released", len(trained)],
+        ["noise multiplier z", last.get("dp_noise_multiplier")],
+        ["sampling", config_value(run.config, "dp.sampling")],
+        ["sampling rate q", last.get("dp_sample_rate")],
+        ["clip norm C", config_value(run.config, "dp.clip_norm")],
+        ["max epsilon", limit],
+    ]
+    if stopped:
+        rows.append(["stopped", f"before round {last['round'] + 1} of {configured} (dp.max_epsilon)"])
+    per_round = [
+        [row["round"], row["dp_epsilon"], row.get("dp_clipped"), row.get("dp_update_norm")] for row in trained
+    ]
+    intro = (
+        "Client-level differential privacy, central: every update was clipped (by the server, or by the "
+        "clients under secure aggregation) and the server noised their sum (docs/privacy.md). Epsilon "
+        "covers the released model; the rest of this report (losses, clients, per-client metrics, update "
+        "norms) is the operator's log and is not protected.\n"
+    )
+    return "\n".join(
+        [
+            "## Privacy\n",
+            intro,
+            markdown_table(["Quantity", "Value"], rows),
+            markdown_table(["Round", "epsilon", "Share clipped", "Median update norm"], per_round),
+        ]
+    )
+
+
+def secagg_section(run: Run) -> str:
+    """Secure aggregation (``secagg.enabled``): what the protocol cost per round beyond the updates."""
+    rows = [row for row in run.rows if "secagg_bytes_up" in row]
+    if not rows:
+        return ""
+    cells: list[list[object]] = []
+    for row in rows:
+        up, down, vectors = (
+            row["secagg_bytes_up"],
+            row["secagg_bytes_down"],
+            row.get("secagg_vector_bytes", 0),
+        )
+        total = (row.get("bytes_up") or 0) + (row.get("bytes_down") or 0)
+        cells.append(
+            [
+                row["round"],
+                row.get("secagg_clients"),
+                row.get("secagg_dropped"),
+                vectors / BYTES_PER_MB,
+                (up - vectors) / BYTES_PER_MB,
+                down / BYTES_PER_MB,
+                (up + down - vectors) / total if total else None,
+                row.get("secagg_seconds"),
+            ]
+        )
+    headers = ["Round", "Clients summed", "Dropped", "Masked vectors up (MB)", "Protocol up (MB)"]
+    headers += ["Protocol down (MB)", "Overhead share of traffic", "Protocol (s)"]
+    intro = (
+        "SecAgg+ (docs/privacy.md): the server learned only the sum of each round's updates. The masked "
+        "vectors weigh what plain updates would; the protocol's keys, encrypted shares and unmasking are "
+        "the overhead.\n"
+    )
+    return "\n".join(["## Secure aggregation\n", intro, markdown_table(headers, cells)])
 
 
 def eval_summary_table(run: Run) -> str:

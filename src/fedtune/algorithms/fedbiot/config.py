@@ -18,6 +18,13 @@ class FedBiOTConfig(AlgorithmConfig):
     """
 
     modes = ("federated", "centralized")  # centralized: Offsite-tuning (one client, all data)
+    # The adapter is aggregated through Algorithm.aggregate; the emulator aligns on public data only.
+    dp_refused = None
+    quantization_refused = (
+        "a client's emulator is built from the weights the server sends (and re-aligns every round), "
+        "not loaded from a checkpoint that bitsandbytes could quantise, and the server distils the "
+        "emulator's full layers against the full model"
+    )
 
     split: Literal["last", "first_last"] = "last"
     adapter_layers: int = Field(2, ge=1)

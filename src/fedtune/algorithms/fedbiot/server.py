@@ -14,6 +14,7 @@ import torch
 
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
+from fedtune.algorithms.exporting import Exported, ExportError, export_causal_lm, full_precision
 from fedtune.algorithms.fedbiot.client import fit
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig, init_fingerprint
 from fedtune.algorithms.fedbiot.final import final_model, save_final
@@ -192,16 +193,17 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
     # ------------------------------------------------------------------ round
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         align = self._align(rnd) if self.section.align_steps > 0 else AlignStats(0.0, 0.0, 0.0, 0)
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        sampled = self.sample_clients(fed, rnd)
         self.broadcast.set_version("emulator", self.emulator_version)
         messages = {client: self.message(client) for client in sampled}
         emulator_sends, emulator_bytes = emulator_traffic(messages.values(), self.cfg.fed.wire_dtype)
         self.broadcast.delivered(sampled)
-        _, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, messages)
+        _, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, messages, sampled=sampled)
         for client in sampled:
             if client not in replies:
                 self.broadcast.forget(client)
-        average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
+        adapters = [arrays(r, ADAPTER) for r in replies.values()]
+        average = self.aggregate(adapters, weights, reference=self.global_adapter)
         self.global_adapter = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
             "emulator_version": float(self.emulator_version),
@@ -253,6 +255,24 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
     @classmethod
     def final_model(cls, run: FinalRun) -> FinalModel:
         return final_model(run.cfg, run.run_dir, run.variant)
+
+    @classmethod
+    def export_final(cls, run: FinalRun, fmt: str, out: Path) -> Exported:
+        """AdapFu (the default variant: the final adapter plugged into the full model), as a peft adapter
+        for the full model or merged into it; AdapEmu (``adapemu``: the adapter on the emulator, a
+        compressed model only this run has) merged only."""
+        if run.variant == "adapemu" and fmt == "peft":
+            raise ExportError(
+                "--variant adapemu: its adapter sits on the run's emulator, a compressed model no one else "
+                "has; export it with --format merged (emulator and adapter as one model), or export "
+                "AdapFu (the default variant) as peft"
+            )
+        what = (
+            "FedBiOT's AdapEmu (the final adapter on the emulator)"
+            if run.variant == "adapemu"
+            else "FedBiOT's AdapFu (the final adapter plugged into the full model)"
+        )
+        return export_causal_lm(cls.final_model(full_precision(run)), fmt, out, what)
 
     def write_artifacts(self, directory: Path) -> None:
         """The final adapter (keyed by original layer index) and the split; AdapFu = base model + it."""

@@ -31,10 +31,21 @@ class FedMKTConfig(AlgorithmConfig):
     """The server's LLM is the run's ``model:``; ``clients`` names the clients' SLMs (client ``cNN``
     holds ``clients[NN % len]``; empty: every client holds ``model:``). ``train:`` is the clients'
     training (local SFT and their distillation on the public set), ``llm_train`` the LLM's (defaults:
-    the paper's)."""
+    the paper's).
 
-    modes = ("federated", "standalone")
+    ``fed.mode: centralized`` is the paper's Centralized baseline: one party tunes ``model:`` (the LLM;
+    ``model.name=<SLM>`` for an SLM's row) with ``train:`` on the union of the clients' private data
+    and the public set (``public_examples`` of it); nothing is transferred. ``lam: 1`` with
+    ``slm_learns: false`` is the "LLM on the public set only" row: the LLM's loss is the public set's
+    CE alone, so the SLMs' knowledge does not reach it."""
+
+    modes = ("federated", "standalone", "centralized")
     personal_eval = True
+    dp_refused = (
+        "its clients upload per-token losses and top-k logits on the public set (knowledge the LLM is "
+        "distilled from), not a mean of client tensors whose sensitivity clipping bounds: neither the "
+        "clipped, noised sum nor a secure sum covers what the clients send"
+    )
 
     clients: list[str] = Field(default_factory=list)
     lam: float = Field(0.9, ge=0, le=1)

@@ -116,7 +116,13 @@ class FedMKT(Algorithm[FedMKTConfig]):
                 top_k, compress = self.section.top_k, self.section.compress
                 expected.update(knowledge_spec(PUBLIC, counts, top_k, vocab, compress=compress))
             reference: dict[str, np.ndarray] | None = None
-            if self.section.slm_fedavg:
+            if self.cfg.fed.mode == "centralized":
+                # The one party replies with the adapter it was sent, trained: measured from that one.
+                expected.update(
+                    {ADAPTER + k: ArraySpec(v.shape, "float32") for k, v in self.llm_adapter.items()}
+                )
+                reference = {ADAPTER + k: v for k, v in self.llm_adapter.items()}
+            elif self.section.slm_fedavg:
                 _, _, initial = client.lora_model(self.cfg, server.resources, spec)
                 expected.update({ADAPTER + k: ArraySpec(v.shape, "float32") for k, v in initial.items()})
                 # A client's LoRA is measured from the last average it was sent (a client that
@@ -135,14 +141,21 @@ class FedMKT(Algorithm[FedMKTConfig]):
         return specs
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        sampled = self.sample_clients(fed, rnd)
         expect = self._fit_specs(server, sampled, fed)
         message: Payload = {"round": rnd}
+        centralized = self.cfg.fed.mode == "centralized"
+        if centralized:  # the Centralized baseline: the one party tunes the run's model
+            message.update({ADAPTER + k: v for k, v in self.llm_adapter.items()})
         replies = fed.call(sampled, "fit", message, timeout=self.cfg.fed.client_timeout, expect=expect)
         self.require_replies(replies, sampled, fed.traffic)
         extra: dict[str, float] = {}
         if self.cfg.fed.mode == "federated":
             extra = self._transfer(rnd, server, fed, replies)
+        if centralized:
+            weights = [int(r["num_examples"]) for r in replies.values()]
+            average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
+            self.llm_adapter = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         replies = {c: r for c, r in replies.items() if c not in fed.traffic.rejected}
         self.require_replies(replies, sampled, fed.traffic)
         weights = [int(r["num_examples"]) for r in replies.values()]

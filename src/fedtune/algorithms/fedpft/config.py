@@ -22,6 +22,11 @@ class FedPFTConfig(AlgorithmConfig):
     """
 
     modes = ("federated", "centralized")
+    quantization_refused = (
+        "its clients train a sequence classifier (an encoder or a decoder with a task head) that the "
+        "server prunes from the full model and sends over the wire, which bitsandbytes cannot quantise "
+        "on load"
+    )
 
     submodel: Literal["ffn", "full", "layerdrop"] = "ffn"
     keep_ratio: float = Field(0.25, gt=0, le=1)
@@ -36,8 +41,16 @@ class FedPFTConfig(AlgorithmConfig):
     distill_batch_size: int = Field(8, ge=1)
     mu: float = Field(0.0, ge=0)
     # ``mse``: eq. 13's hidden-state MSE; ``token_relative``: each position's error relative to the
-    # full model's norm there (for decoders, whose first token carries huge activations).
-    hidden_loss: Literal["mse", "token_relative"] = "mse"
+    # full model's norm there (for decoders, whose first token carries huge activations);
+    # ``layer_relative``: each layer's error relative to the full model's scale there (the authors' code).
+    hidden_loss: Literal["mse", "token_relative", "layer_relative"] = "mse"
+    # Each distillation's (layer- and neuron-level) learning rate: linear warmup over
+    # ``distill_warmup_ratio`` of its steps, then constant or cosine decay to 0.
+    distill_schedule: Literal["constant", "cosine"] = "constant"
+    distill_warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    # Train the compressed layers' FFN output LayerNorm with their FFN (the authors' code does): BERT's
+    # ``output.LayerNorm``, Gemma-3's ``post_feedforward_layernorm``; re-sent with the FFNs.
+    distill_norms: bool = False
     public_dataset: str | None = None
     public_examples: int | None = Field(512, ge=1)
     # Neuron-level distillation (eq. 14) every ``neuron_every`` rounds (0: never).
@@ -46,6 +59,19 @@ class FedPFTConfig(AlgorithmConfig):
     neuron_steps: int = Field(50, ge=0)
     apoz_examples: int | None = Field(64, ge=1)
     client_cache: Literal["auto", "memory", "disk"] = "auto"
+
+    # The LoRA + head are aggregated through Algorithm.aggregate; the layer-level distillation uses
+    # public data. The neuron-level one does not qualify (``dp_problem``).
+    dp_refused = None
+
+    def dp_problem(self) -> str | None:
+        if self.neuron_every > 0 and self.neuron_steps > 0:
+            return (
+                "fedpft.neuron_every > 0: the neuron-level distillation picks the neurons to freeze from "
+                "the clients' APoZ counts on their own data, which travel outside the protected sum; set "
+                "fedpft.neuron_every: 0 (the ablation without neuron-level distillation)"
+            )
+        return None
 
     @model_validator(mode="after")
     def _fedot_has_an_adapter(self) -> FedPFTConfig:

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from fedtune.algorithms.exporting import Exported
 from fedtune.algorithms.fedpft.wire import HEAD_PREFIXES, tuned_parameters, with_lora
 from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.config import ExperimentConfig
@@ -75,6 +76,25 @@ def load_final_fedpft(
         raise KeyError(f"{tuned_file}: the task head is missing ({', '.join(head)})")
     load_parameters({k: p for k, p in targets.items() if k in state}, state, str(tuned_file))
     return model.eval(), tokenizer, names
+
+
+def export_classifier(cfg: ExperimentConfig, run_dir: Path, out: Path) -> Exported:
+    """The full classifier with the final LoRA merged in and the trained head, as a transformers
+    sequence-classification directory (class names in ``config.id2label``) with its tokenizer."""
+    from fedtune.rundata import prepare_data
+
+    model, tokenizer, names = load_final_fedpft(cfg, run_dir, prepare_data(cfg).eval_records)
+    merged = model.merge_and_unload()
+    merged.config.id2label = dict(enumerate(names))
+    merged.config.label2id = {name: i for i, name in enumerate(names)}
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return Exported(
+        f"FedPFT's final classifier ({len(names)} classes) with its LoRA merged in: a transformers "
+        "sequence-classification directory (AutoModelForSequenceClassification); the head is trained "
+        "directly, so there is no peft adapter that holds the whole of it",
+        causal_lm=False,
+    )
 
 
 class ClassifierModel(FinalModel):

@@ -13,9 +13,16 @@ import torch
 
 from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
+from fedtune.algorithms.exporting import Exported
 from fedtune.algorithms.fedpft.client import apoz, fit
 from fedtune.algorithms.fedpft.config import FedPFTConfig
-from fedtune.algorithms.fedpft.final import INFO_FILE, TUNED_FILE, ClassifierModel, classification_result
+from fedtune.algorithms.fedpft.final import (
+    INFO_FILE,
+    TUNED_FILE,
+    ClassifierModel,
+    classification_result,
+    export_classifier,
+)
 from fedtune.algorithms.fedpft.maths import distill_masks, public_batches
 from fedtune.algorithms.fedpft.wire import (
     TUNED,
@@ -26,11 +33,12 @@ from fedtune.algorithms.fedpft.wire import (
     arrays_of,
     broadcast_parts,
     derive_client_model,
-    ffn_parameters,
     fit_spec,
     layout_payload,
+    output_norm_parameters,
     parameter_counts,
     part_payload,
+    server_parameters,
     submodel_traffic,
     tuned_parameters,
     with_lora,
@@ -147,7 +155,8 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
     def _distill(self, steps: int, tag: int | str, frozen: Mapping[int, np.ndarray]) -> None:
         """``steps`` of eq. 13 on public batches, training the compressed layers' FFNs except ``frozen``
-        neurons (eq. 14); layers kept whole stay exact copies of the full model's."""
+        neurons (eq. 14), and with ``distill_norms`` their FFN output norms; layers kept whole stay exact
+        copies of the full model's."""
         full, client, _ = self.models
         assert self.layout is not None
         masks = distill_masks(client, self.layout.widths, self.layout.compressed, frozen)
@@ -164,6 +173,11 @@ class FedPFT(Algorithm[FedPFTConfig]):
             mu=self.section.mu,
             grad_masks=masks,
             hidden_loss=self.section.hidden_loss,
+            schedule=self.section.distill_schedule,
+            warmup_ratio=self.section.distill_warmup_ratio,
+            extra_params=output_norm_parameters(client, self.layout.compressed)
+            if self.layout.norms
+            else None,
         )
         self.distill_log.append(
             {
@@ -188,7 +202,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         self.server_models(server)
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        sampled = self.sample_clients(fed, rnd)
         if "ffn" in self.broadcast.versions:
             self.broadcast.set_version("ffn", self.ffn_version)
         messages = {client: self.message(client) for client in sampled}
@@ -201,7 +215,8 @@ class FedPFT(Algorithm[FedPFTConfig]):
                 self.broadcast.forget(client)
         self.require_replies(replies, sampled, fed.traffic)
         weights = [int(r["num_examples"]) for r in replies.values()]
-        average = self.aggregate([arrays(r, TUNED) for r in replies.values()], weights)
+        tuned = [arrays(r, TUNED) for r in replies.values()]
+        average = self.aggregate(tuned, weights, reference=self.global_state)
         self.global_state = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
             "ffn_version": float(self.ffn_version),
@@ -281,6 +296,14 @@ class FedPFT(Algorithm[FedPFTConfig]):
         """The full classifier with the final LoRA + head (it classifies; it does not generate)."""
         return ClassifierModel(run.cfg, run.run_dir)
 
+    export_formats = ("merged",)
+
+    @classmethod
+    def export_final(cls, run: FinalRun, fmt: str, out: Path) -> Exported:
+        """The classifier merged (LoRA into the weights, with the trained head): a transformers
+        sequence-classification directory; not a causal LM, so neither peft nor GGUF."""
+        return export_classifier(run.cfg, run.run_dir, out)
+
     def write_artifacts(self, directory: Path) -> None:
         """The final LoRA + head (keyed like the full model), the layout and the distillation log."""
         if self.layout is None:
@@ -309,7 +332,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
             "distill_log": [dict(entry) for entry in self.distill_log],
         }
         if self._models is not None:
-            state["ffn"] = arrays_of(ffn_parameters(self._models[1], self.layout))
+            state["ffn"] = arrays_of(server_parameters(self._models[1], self.layout))
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -323,4 +346,4 @@ class FedPFT(Algorithm[FedPFTConfig]):
             {k: float(v) for k, v in entry.items()} for entry in state.get("distill_log", self.distill_log)
         ]
         self.broadcast.reset()
-        load_parameters(ffn_parameters(self._models[1], self.layout), state["ffn"], "checkpoint")
+        load_parameters(server_parameters(self._models[1], self.layout), state["ffn"], "checkpoint")

@@ -10,6 +10,12 @@ Round t:
    with Prodigy (lr 1.0) and a cosine schedule within the round by default. The result is theta_s^{t+1}.
 ``fedpt.distill: false`` skips step 5: the FedAvg+PT baseline.
 
+The output (Alg. 1 l.9) is the proxy over theta_bar_s^{t+1}, the aggregate *before* the round's
+distillation: what is evaluated (the alpha search, the proxy's metrics, ``small/``) and the final
+model. The distilled theta_s^{t+1} is what the clients are sent next round; it is the final-model
+variant ``proxy-distilled`` / ``small-distilled`` and, with ``eval_distilled``, the ``distilled/``
+metrics.
+
 The large model is reached only through ``LogitSource`` (next-token logits, never weights), and
 clients only ever receive the small model's LoRA state.
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedtune.config import AlgorithmConfig
+from fedtune.proxy.http_source import check_api_url, is_api_url
 
 
 class FedPTConfig(AlgorithmConfig):
@@ -15,9 +16,34 @@ class FedPTConfig(AlgorithmConfig):
     ``distill: false`` is the FedAvg+PT baseline (no distillation step). ``alpha`` steers the
     distillation teacher and decoding; at evaluation ``alpha_grid`` is searched on the validation
     split (``alpha_search``) and the best value is used on the test sets.
+
+    ``large_model`` is a model (loaded in the server's process) or the URL of an OpenAI-compatible API
+    serving it with prompt log-probabilities (``http://host:port/v1``: vLLM, or ``fedtune serve MODEL``),
+    reached through ``fedtune.proxy.http_source.HTTPLogitSource``: ``large_model_name`` names the served
+    model (default: the server's first), ``top_k`` how many log-probabilities per position it returns
+    (the rest is filled from the residual mass, docs/serving.md), and ``api_*`` how requests are sent.
+    The bearer token, if the server wants one, comes from the environment (``FEDTUNE_LARGE_API_KEY``).
     """
 
+    # The small LM's LoRA is aggregated through Algorithm.aggregate; the distillation uses public data.
+    dp_refused = None
+
     large_model: str = "smollm2-135m-instruct"
+    """The black-box large LM the server proxy-tunes (same vocabulary as `model:`): a model, or the URL of
+    an API serving its log-probabilities (`http://host:port/v1`; docs/serving.md)."""
+    large_model_name: str | None = None
+    """With an API: the served model's name (default: the first the server lists)."""
+    top_k: int = Field(20, ge=1)
+    """With an API: log-probabilities asked per position (at most the server's `--max-logprobs`); the
+    rest of the vocabulary is filled from the residual mass."""
+    api_timeout: float = Field(60.0, gt=0)
+    """With an API: seconds a request may take."""
+    api_retries: int = Field(4, ge=0)
+    """With an API: retries of a request that failed to connect, timed out or got 408/429/5xx."""
+    api_backoff: float = Field(0.5, ge=0)
+    """With an API: seconds before the first retry, doubled for each next one."""
+    api_concurrency: int = Field(4, ge=1)
+    """With an API: batch rows in flight at once."""
     large_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     distill: bool = True
     alpha: float = Field(1.0, ge=0)
@@ -42,3 +68,11 @@ class FedPTConfig(AlgorithmConfig):
     teacher_cache: Literal["disk", "memory", "recompute"] = "disk"
     teacher_dtype: Literal["fp16", "fp32"] = "fp16"
     eval_small: bool = True
+    # Also evaluate the proxy over the small model after the round's distillation (``distilled/``
+    # metrics; the output of Alg. 1, evaluated without prefix, is the proxy over the aggregate before it).
+    eval_distilled: bool = False
+
+    @field_validator("large_model")
+    @classmethod
+    def _large_model(cls, value: str) -> str:
+        return check_api_url(value) if is_api_url(value) else value

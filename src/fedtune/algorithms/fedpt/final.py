@@ -1,6 +1,9 @@
 """FedPT's proxy-tuned large LM, during a run and after it.
 
-A finished run's model is the proxy-tuned large LM (``proxy``) or the small LM (``small``).
+A finished run's model is the proxy-tuned large LM (``proxy``) or the small LM (``small``), both over
+Alg. 1's output: the last round's aggregate before its distillation (``artifacts/adapter``). The
+variants ``proxy-distilled`` / ``small-distilled`` use the small LM after that distillation
+(``artifacts/adapter-distilled``).
 
 ``artifacts/proxy.json`` records what the proxy needs beyond the small LM's adapter: the alpha the
 run chose, the large model it was chosen for, the shared vocabulary width and the alpha study.
@@ -9,19 +12,27 @@ run chose, the large model it was chosen for, the shared vocabulary width and th
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.nn.functional as F
 
-from fedtune.algorithms.final import FinalModel, FinalModelError, load_adapter_model
+from fedtune.algorithms.final import (
+    ADAPTER_DIR,
+    Decoder,
+    FinalModel,
+    FinalModelError,
+    load_adapter_model,
+)
 from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName
 from fedtune.eval.evaluate import EvalResult, evaluate_generations, perplexity_batches
 from fedtune.eval.metrics import perplexity_from_nll
 from fedtune.models.lora import load_adapter
+from fedtune.proxy.http_source import API_KEY_ENV, HTTPLogitSource, HTTPSettings, is_api_url
 from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.resources import Resources, model_spec
 
@@ -29,14 +40,22 @@ if TYPE_CHECKING:
     from fedtune.proxy.decode import ProxyTunedLM
 
 PROXY_FILE = "proxy.json"
+DISTILLED_ADAPTER = "adapter-distilled"
+"""The peft directory (in ``artifacts/``) of the small LM after the last round's distillation."""
 
 
 def large_source(cfg: ExperimentConfig, resources: Resources) -> LogitSource:
-    """The black-box large LM (``fedpt.large_model`` in its own dtype; the run's device, cache and
-    seed) as a source of next-token logits, built once per process."""
+    """The black-box large LM (``fedpt.large_model`` in its own dtype, never quantised: it only
+    serves logits on the server; the run's device, cache and seed) as a source of next-token logits,
+    built once per process."""
     section = cfg.section("fedpt")
+    if is_api_url(section.large_model):
+        # Behind an API: the server's tokenizer is checked against the small model's, which it then uses.
+        return resources.get(
+            "fedpt/large", lambda: http_source(section, resources.tokenizer(resources.base_spec))
+        )
     spec = model_spec(cfg.model, cfg.seed).replace(
-        name=section.large_model, dtype=section.large_dtype, gguf_file=None
+        name=section.large_model, dtype=section.large_dtype, gguf_file=None, quantization=None
     )
 
     def build() -> LogitSource:
@@ -44,6 +63,25 @@ def large_source(cfg: ExperimentConfig, resources: Resources) -> LogitSource:
         return LocalLogitSource(model, tokenizer, spec.name)
 
     return resources.get("fedpt/large", build)
+
+
+def http_source(section: Any, tokenizer: Any) -> HTTPLogitSource:
+    """``fedpt.large_model`` as an API (``fedpt.large_model_name``, ``top_k``, ``api_*``; the bearer
+    token from ``FEDTUNE_LARGE_API_KEY``), connected and its tokenizer checked against ``tokenizer``."""
+    settings = HTTPSettings(
+        top_k=section.top_k,
+        timeout=section.api_timeout,
+        retries=section.api_retries,
+        backoff=section.api_backoff,
+        concurrency=section.api_concurrency,
+    )
+    return HTTPLogitSource.connect(
+        section.large_model,
+        tokenizer,
+        model=section.large_model_name,
+        settings=settings,
+        api_key=os.environ.get(API_KEY_ENV) or None,
+    )
 
 
 def proxy_lm(
@@ -123,6 +161,12 @@ class ProxyModel(FinalModel):
             seed=cfg.seed,
         )
 
+    def decoder(self) -> Decoder:
+        """Proxy-tuned decoding step by step: the large, tuned and base small models' logits combined."""
+        proxy = self.proxy
+        proxy.small.eval()
+        return Decoder(lambda: proxy.step_fn(), proxy.eos_token_ids(), proxy.device)
+
     def generate(
         self, prompts: list[str], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
     ) -> list[str]:
@@ -136,39 +180,48 @@ def final_model(
     cfg: ExperimentConfig, run_dir: Path, variant: str | None, options: Mapping[str, str]
 ) -> FinalModel:
     """``FedPT.load_final`` (variant and option names checked): the proxy-tuned LM at the run's alpha
-    or ``--option alpha=...``, or the small LM with its adapter."""
-    if variant == "small":
+    or ``--option alpha=...``, or the small LM with its adapter; over Alg. 1's output small LM, or with
+    ``*-distilled`` over the one after the last round's distillation."""
+    adapter = DISTILLED_ADAPTER if variant is not None and variant.endswith("-distilled") else ADAPTER_DIR
+    if variant in ("small", "small-distilled"):
         if options:
             raise FinalModelError("alpha applies to the proxy-tuned model (--variant proxy) only")
-        return load_adapter_model(cfg, run_dir)
+        return load_adapter_model(cfg, run_dir, adapter)
     alpha = None
     if "alpha" in options:
         try:
             alpha = float(options["alpha"])
         except ValueError:
             raise FinalModelError(f"--option alpha={options['alpha']!r} is not a number") from None
-    proxy, _ = load_proxy_model(run_dir, alpha)
+    proxy, _ = load_proxy_model(run_dir, alpha, adapter)
     return ProxyModel(cfg, proxy)
 
 
-def load_proxy_model(run_dir: Path, alpha: float | None = None) -> tuple[ProxyTunedLM, ExperimentConfig]:
+def load_proxy_model(
+    run_dir: Path, alpha: float | None = None, adapter: str = ADAPTER_DIR
+) -> tuple[ProxyTunedLM, ExperimentConfig]:
     """The proxy-tuned LM of a finished FedPT run, and the run's config.
 
     ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
-    the config's ``fedpt.alpha``.
+    the config's ``fedpt.alpha``. ``adapter``: the small LM's peft directory in ``artifacts/``
+    (Alg. 1's output by default, `DISTILLED_ADAPTER` for the small LM after the last distillation).
     """
     from fedtune.proxy.decode import ProxyTunedLM
 
     cfg = load_run_config(run_dir)
-    small = load_adapter_model(cfg, run_dir)
+    small = load_adapter_model(cfg, run_dir, adapter)
     section = cfg.section("fedpt")
-    large = LocalLogitSource.load(
-        section.large_model,
-        dtype=section.large_dtype,
-        device=cfg.model.device,
-        cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
-        seed=cfg.seed,
-    )
+    large: LogitSource
+    if is_api_url(section.large_model):
+        large = http_source(section, small.tokenizer)
+    else:
+        large = LocalLogitSource.load(
+            section.large_model,
+            dtype=section.large_dtype,
+            device=cfg.model.device,
+            cache_dir=None if cfg.model.cache_dir is None else Path(cfg.model.cache_dir).expanduser(),
+            seed=cfg.seed,
+        )
     if alpha is None:
         alpha = _saved_alpha(run_dir / "artifacts" / PROXY_FILE, section.large_model)
     proxy = ProxyTunedLM(large, small.model, small.tokenizer, section.alpha if alpha is None else alpha)

@@ -33,7 +33,7 @@ def frozen_teacher(model: Any, large: LogitSource, batch: Batch, alpha: float, v
     model.eval()
     with torch.inference_mode(), model.disable_adapter():
         z_base, _ = labelled_logits(model, batch)
-    return z_large - alpha * z_base[:, :vocab_width].float()
+    return z_large.to(z_base.device) - alpha * z_base[:, :vocab_width].float()
 
 
 def proxy_teacher(frozen: Tensor, z_tuned: Tensor, alpha: float, vocab_width: int) -> Tensor:

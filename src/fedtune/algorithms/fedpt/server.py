@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,11 @@ from torch import Tensor
 import fedtune.algorithms.fedpt.client as client
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
+from fedtune.algorithms.exporting import Exported, export_causal_lm, full_precision
 from fedtune.algorithms.fedpt.config import FedPTConfig
 from fedtune.algorithms.fedpt.final import (
+    DISTILLED_ADAPTER,
+    PROXY_FILE,
     evaluate_proxy,
     final_model,
     large_source,
@@ -41,6 +46,7 @@ from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.models.lora import adapter_arrays, load_adapter
+from fedtune.proxy.http_source import APIUsage, api_usage, is_api_url
 from fedtune.proxy.source import LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
 from fedtune.train.teacher_cache import TeacherCache
@@ -51,14 +57,20 @@ log = logging.getLogger("fedtune")
 class FedPT(Algorithm[FedPTConfig]):
     name = "fedpt"
     Config = FedPTConfig
-    final_variants = ("proxy", "small")
-    """``proxy``: the proxy-tuned large LM (FedPT's output); ``small``: the small LM with its adapter."""
+    final_variants = ("proxy", "small", "proxy-distilled", "small-distilled")
+    """``proxy``: the proxy-tuned large LM over the last round's aggregate, before its distillation
+    (Alg. 1's output); ``small``: that small LM; ``proxy-distilled`` / ``small-distilled``: the same
+    over the small LM after the round's distillation (what the clients would be sent next)."""
     final_options = ("alpha",)
     """``alpha``: the proxy's strength (default: the run's chosen alpha, then ``fedpt.alpha``)."""
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.global_adapter: dict[str, np.ndarray] = {}
+        """The small LM's LoRA after the round's distillation: what the clients are sent."""
+        self.aggregated_adapter: dict[str, np.ndarray] = {}
+        """The round's FedAvg aggregate before its distillation: the small LM of Alg. 1's output."""
+        self._resources: Any = None
         self.alphas: dict[int, float] = {}
         self.alpha_study: dict[int, dict[str, float]] = {}
         self.vocab_width = 0
@@ -88,6 +100,8 @@ class FedPT(Algorithm[FedPTConfig]):
             large_name=f"fedpt.large_model {sec.large_model!r}",
         )
         self.global_adapter = dict(server.resources.initial_adapter())
+        self.aggregated_adapter = dict(self.global_adapter)
+        self._resources = server.resources
         if sec.distill:
             self._kd_batches = self._public_batches(server)
             self._teacher = self._teacher_cache(server.run_dir)
@@ -125,6 +139,8 @@ class FedPT(Algorithm[FedPTConfig]):
             "seed": self.cfg.seed,
             "vocab_width": self.vocab_width,
         }
+        if is_api_url(sec.large_model):  # what the served teacher's logits depend on beyond the URL
+            fingerprint.update({"large_model_name": sec.large_model_name, "top_k": sec.top_k})
         return TeacherCache(
             sec.teacher_cache, run_dir / "cache" / "fedpt-teacher", fingerprint, sec.teacher_dtype
         )
@@ -133,10 +149,14 @@ class FedPT(Algorithm[FedPTConfig]):
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         message: Payload = {ADAPTER + k: v for k, v in self.global_adapter.items()}
         sampled, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, message)
-        average = self.aggregate([arrays(r, ADAPTER) for r in replies.values()], weights)
+        adapters = [arrays(r, ADAPTER) for r in replies.values()]
+        average = self.aggregate(adapters, weights, reference=self.global_adapter)
         kd_stats: dict[str, float] = {}
+        self.aggregated_adapter = dict(average)  # Alg. 1 l.9 builds the output from this one
         if self.section.distill:
+            before = api_usage(self.large(server))
             average, kd_stats = self._distill(rnd, server, average)
+            kd_stats.update(self._api_cost(server, before))
         self.global_adapter = average
         return fit_round_result(sampled, replies, weights, kd_stats)
 
@@ -188,6 +208,11 @@ class FedPT(Algorithm[FedPTConfig]):
             "teacher_seconds": self._teacher.compute_seconds - teacher_before,
         }
 
+    def _api_cost(self, server: ServerContext, before: APIUsage | None) -> dict[str, float]:
+        """What the large model's API cost since ``before`` (``api_*`` metrics; none for a local model)."""
+        after = api_usage(self.large(server))
+        return {} if before is None or after is None else (after - before).metrics()
+
     def _frozen_teacher(self, model: Any, large: LogitSource, batch: Batch) -> Tensor:
         """The part of the teacher that never changes (``maths.frozen_teacher``) for ``batch``."""
         return frozen_teacher(model, large, batch, self.section.alpha, self.vocab_width)
@@ -223,10 +248,18 @@ class FedPT(Algorithm[FedPTConfig]):
         return alpha
 
     def _evaluate_proxy(
-        self, server: ServerContext, records: Sequence[Record], alpha: float, rnd: int, settings: Any
+        self,
+        server: ServerContext,
+        records: Sequence[Record],
+        alpha: float,
+        rnd: int,
+        settings: Any,
+        adapter: Mapping[str, np.ndarray] | None = None,
     ) -> EvalResult:
+        """The proxy over ``adapter`` (default: Alg. 1's output, the aggregate before distillation)."""
         _, tokenizer = server.resources.lora_lm()
-        proxy = proxy_lm(self.cfg, server.resources, self.global_adapter, self.vocab_width)
+        small = self.aggregated_adapter if adapter is None else adapter
+        proxy = proxy_lm(self.cfg, server.resources, small, self.vocab_width)
         return evaluate_proxy(
             proxy,
             tokenizer,
@@ -239,8 +272,16 @@ class FedPT(Algorithm[FedPTConfig]):
         )
 
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
+        before = api_usage(self.large(server))
         alpha = self._alpha(rnd, server)
         result = self._evaluate_proxy(server, eval_set.records, alpha, rnd, self.cfg.eval)
+        distilled = self.section.eval_distilled and self.section.distill
+        if distilled:  # the variant: the proxy over the small LM after the round's distillation
+            after = self._evaluate_proxy(
+                server, eval_set.records, alpha, rnd, self.cfg.eval, self.global_adapter
+            )
+            result = merge_results(result, prefixed(after, "distilled/"))
+        result.metrics.update(self._api_cost(server, before))  # the alpha search's and decoding's requests
         if not eval_set.name:  # the alpha study belongs to the primary test set's row only
             result.metrics["alpha"] = alpha
             for candidate, score in self.alpha_study.get(rnd, {}).items():
@@ -248,31 +289,66 @@ class FedPT(Algorithm[FedPTConfig]):
         if not self.section.eval_small:
             return result
         model, tokenizer = server.resources.lora_lm()
-        load_adapter(model, self.global_adapter)
+        load_adapter(model, self.aggregated_adapter)
         small = evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
-        return merge_results(result, prefixed(small, "small/"))
+        result = merge_results(result, prefixed(small, "small/"))
+        if distilled:
+            load_adapter(model, self.global_adapter)
+            small = evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
+            result = merge_results(result, prefixed(small, "distilled/small/"))
+        return result
 
     # ----- state and the final model --------------------------------------------------------------
     def final_adapter(self) -> dict[str, np.ndarray]:
-        return self.global_adapter
+        """Alg. 1's output small LM: the last aggregate, before its distillation."""
+        return self.aggregated_adapter
 
     @classmethod
     def final_model(cls, run: FinalRun) -> FinalModel:
         return final_model(run.cfg, run.run_dir, run.variant, run.options)
 
+    @classmethod
+    def export_final(cls, run: FinalRun, fmt: str, out: Path) -> Exported:
+        """The small LM with its federated adapter (the ``small`` variant; ``small-distilled`` for the
+        ``*-distilled`` variants) whatever the variant: the proxy-tuned model is the large LM steered at
+        decoding time by the small LM's shift, not one set of weights to write. ``proxy.json`` (the
+        run's alpha and large model) goes beside it."""
+        distilled = run.variant is not None and run.variant.endswith("-distilled")
+        small = "small-distilled" if distilled else "small"
+        final = cls.final_model(full_precision(replace(run, variant=small)))
+        exported = export_causal_lm(final, fmt, out, "FedPT's small LM")
+        saved = run.run_dir / "artifacts" / PROXY_FILE
+        if saved.is_file():
+            shutil.copyfile(saved, out / f"fedpt-{PROXY_FILE}")
+        large = run.cfg.section("fedpt").large_model
+        return Exported(
+            f"{exported.what}. FedPT's final model, the proxy-tuned {large!r}, is not one set of weights: it "
+            f"is {large!r} steered while decoding by this model's shift (alpha in fedpt-{PROXY_FILE}; "
+            "`fedtune generate` runs it)",
+            exported.causal_lm,
+        )
+
     def write_artifacts(self, directory: Path) -> None:
         last = max(self.alphas) if self.alphas else None
         alpha = self.alphas[last] if last is not None else self.section.alpha
         write_proxy_json(directory, alpha, self.section.large_model, self.vocab_width, self.alpha_study)
+        # The variants *-distilled: the small LM after the last round's distillation.
+        model, _ = self._resources.lora_lm()
+        load_adapter(model, self.global_adapter)
+        model.save_pretrained(str(directory / DISTILLED_ADAPTER))
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "global_adapter": self.global_adapter,
+            "aggregated_adapter": self.aggregated_adapter,
             "alphas": {str(k): v for k, v in self.alphas.items()},
             "alpha_study": {str(k): v for k, v in self.alpha_study.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
+        # A checkpoint written before the aggregate was kept: the distilled state stands in for it.
+        aggregated = state.get("aggregated_adapter", state["global_adapter"])
+        self.aggregated_adapter = {k: np.asarray(v) for k, v in aggregated.items()}
         self.alphas = {int(k): float(v) for k, v in state.get("alphas", {}).items()}
         self.alpha_study = {int(k): dict(v) for k, v in state.get("alpha_study", {}).items()}

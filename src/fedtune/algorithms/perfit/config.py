@@ -17,6 +17,12 @@ class PerFITConfig(AlgorithmConfig):
 
     personal_eval = True
     requires_personal_eval = True
+    dp_refused = (
+        "each client uploads a mask chosen on its own data, and the server averages every entry over "
+        "the clients whose masks hold it: an entry held by one sampled client moves by that client's "
+        "whole value, and the masks and per-entry denominators are private yet travel in the clear, so "
+        "neither a clipped, noised sum nor a secure sum of whole updates covers it"
+    )
 
     sparsity: float = Field(0.5, gt=0, lt=1)
     expanded_rank: int | None = Field(None, ge=1)

@@ -6,6 +6,7 @@ keeps only the masks and sends each trained client Alg. 3's mean at its entries.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,10 @@ from fedtune.algorithms.base import (
     derive_seed,
     personal_results,
 )
-from fedtune.algorithms.final import FinalModel, FinalModelError, FinalRun
+from fedtune.algorithms.exporting import Exported, export_causal_lm, full_precision
+from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.algorithms.perfit.config import PerFITConfig
+from fedtune.algorithms.perfit.final import CLIENT_OPTION, personal_model
 from fedtune.algorithms.perfit.maths import (
     budget_rank,
     kept_count,
@@ -89,7 +92,7 @@ class PerFIT(Algorithm[PerFITConfig]):
 
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
         clients = fed.client_ids()
-        sampled = fed.sample(self.clients_per_round(fed), rnd)
+        sampled = self.sample_clients(fed, rnd)
         # The paper: every client searches before round 1; the ablation: when first sampled.
         searching = [c for c in (clients if self.starts_global else sampled) if c not in self.masks]
         if searching:
@@ -178,14 +181,19 @@ class PerFIT(Algorithm[PerFITConfig]):
             result.metrics.update(personal_results(after, prefix="personal_after_fit/").metrics)
         return result
 
+    final_options = (CLIENT_OPTION,)
+
     @classmethod
     def final_model(cls, run: FinalRun) -> FinalModel:
-        """None to load: PerFIT's models are personal (each client's mask over the global module)."""
-        raise FinalModelError(
-            f"{run.run_dir} is a PerFIT run: its models are personal (each client's mask over the server's "
-            "expanded module; with perfit.start: own, each client's own values), so there is no single final "
-            "model to evaluate or generate from; every client's score on its own held-out data is in "
-            "metrics.jsonl (personal/*, personal_after_fit/*)"
+        """One client's personalised model (``--option client=ID``): PerFIT has no global one."""
+        return personal_model(run)
+
+    @classmethod
+    def export_final(cls, run: FinalRun, fmt: str, out: Path) -> Exported:
+        """One client's personalised model (``--option client=ID``): the expanded LoRA at G on its mask."""
+        client = run.options.get(CLIENT_OPTION)
+        return export_causal_lm(
+            cls.final_model(full_precision(run)), fmt, out, f"PerFIT client {client}'s personalised model"
         )
 
     def state_dict(self) -> dict[str, Any]:
