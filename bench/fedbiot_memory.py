@@ -51,6 +51,7 @@ FEDOT = [
     "fedbiot.adapter_layers=4",
     "fedbiot.align_steps=0",
     "fedbiot.prox_eps=0",
+    "fedbiot.align_lambda=0",  # the baselines align without FedBiOT's KL term (server side only)
 ]
 ADAPTER2 = ["fedbiot.split=last", "fedbiot.adapter_layers=2"]
 ADAPTER4 = ["fedbiot.split=last", "fedbiot.adapter_layers=4"]
