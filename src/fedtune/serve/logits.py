@@ -34,8 +34,7 @@ from fedtune.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     bad_request,
-    new_id,
-    now,
+    completion_body,
     parse,
 )
 
@@ -186,18 +185,7 @@ class LogitsService:
             choices.append(choice)
             prompt_total += len(ids)
             completion_total += generated
-        return {
-            "id": new_id("cmpl"),
-            "object": "text_completion",
-            "created": now(),
-            "model": self.name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_total,
-                "completion_tokens": completion_total,
-                "total_tokens": prompt_total + completion_total,
-            },
-        }
+        return completion_body(self.name, choices, prompt_total, completion_total)
 
     def _choice(
         self,

@@ -182,3 +182,18 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def completion_body(
+    model: str, choices: list[dict[str, Any]], prompt: int, completion: int
+) -> dict[str, Any]:
+    """A whole (not streamed) ``/v1/completions`` response: its choices and token usage."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }

@@ -33,6 +33,7 @@ from fedtune.serve.protocol import (
     CompletionRequest,
     SamplingRequest,
     bad_request,
+    completion_body,
     new_id,
     now,
     parse,
@@ -182,14 +183,7 @@ class RunService:
             text, reason, usage = await self._whole(worker, one)
             choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
             totals = {key: totals[key] + usage[key] for key in totals}
-        return {
-            "id": new_id("cmpl"),
-            "object": "text_completion",
-            "created": now(),
-            "model": self.name,
-            "choices": choices,
-            "usage": totals,
-        }
+        return completion_body(self.name, choices, totals["prompt_tokens"], totals["completion_tokens"])
 
     async def _completion_chunks(self, worker: ModelWorker, opened: Opened) -> AsyncIterator[dict[str, Any]]:
         ident, created = new_id("cmpl"), now()
