@@ -9,8 +9,18 @@ where the classification head reads it (a decoder's last real token, an encoder'
 ``|h_sub - h_full| / |h_full|`` averaged over texts (1.0: no closer than a zero vector), and the
 distillation's loss.
 
+The schedule (``fedpft.distill_schedule``, ``fedpft.distill_warmup_ratio``) and the compressed layers'
+output norms (``fedpft.distill_norms``) are the config's, as the server runs them. With a constant
+schedule the checkpoints are points along one distillation; with a cosine schedule or warmup each
+checkpoint is a distillation of its own from the compressed model (its schedule spans its steps).
+``--corpus`` distils on other texts than the config's dataset: built-in datasets' public splits
+(``all``: every built-in dataset's); the held-out texts stay the config dataset's.
+
     python bench/fedpft_distill.py configs/paper/fedpft-smollm2.yaml --lrs 1e-4 1e-3 --steps 20 50
     python bench/fedpft_distill.py configs/paper/fedpft-minilm.yaml --lrs 1e-4 --steps 100
+    python bench/fedpft_distill.py configs/paper/fedpft-minilm.yaml --corpus all --steps 300 1000 \
+        --set fedpft.hidden_loss=layer_relative --set fedpft.distill_schedule=cosine \
+        --set fedpft.distill_norms=true
 """
 
 from __future__ import annotations
@@ -39,7 +49,24 @@ def texts(cfg: Any) -> list[str]:
     from fedtune.data.loaders import load_dataset_records
 
     records = load_dataset_records(cfg.fedpft.public_dataset or cfg.data.dataset, "train")
-    return [" ".join(part for part in (r.instruction, r.input) if part) for r in records]
+    return [_text(r) for r in records]
+
+
+def _text(record: Any) -> str:
+    return " ".join(part for part in (record.instruction, record.input) if part)
+
+
+def corpus_texts(names: list[str], seed: int = 0) -> list[str]:
+    """The public splits of the built-in datasets ``names`` (``all``: every one), shuffled together."""
+    import random
+
+    from fedtune.data.builtin import list_builtin, load_builtin
+
+    if names == ["all"]:
+        names = [info.name for info in list_builtin() if "public" in info.splits]
+    pool = [_text(r) for name in names for r in load_builtin(name, "public")]
+    random.Random(seed).shuffle(pool)
+    return pool
 
 
 def encode(tokenizer: Any, batch: list[str], max_length: int) -> dict[str, torch.Tensor]:
@@ -67,11 +94,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--public", type=int, default=128, help="public texts the distillation cycles over")
     parser.add_argument("--held-out", type=int, default=64, help="held-out texts the error is measured on")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--corpus",
+        nargs="+",
+        default=None,
+        help="built-in datasets whose public splits are distilled on ('all': every one); "
+        "default: the config's dataset",
+    )
+    parser.add_argument("--tag", default="", help="names the result files distill-<config name>-<tag>")
     args = parser.parse_args(argv)
     if args.steps != sorted(set(args.steps)) or args.steps[0] < 1:
         parser.error(f"--steps must be increasing positive checkpoints, got {args.steps}")
+    from fedtune.algorithms.fedpft.wire import output_norm_parameters
     from fedtune.config import load_config
-    from fedtune.models.ffn import build_submodel, select_neurons
+    from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
     from fedtune.models.ffn_distill import distill_ffns
 
     torch.set_num_threads(args.threads)
@@ -80,13 +116,22 @@ def main(argv: list[str] | None = None) -> None:
     section: Any = cfg.section("fedpft")
     model, tokenizer = backbone(cfg)
     pool = texts(cfg)
-    if len(pool) < args.public + args.held_out:
-        raise SystemExit(f"{cfg.data.dataset}: {len(pool)} texts, fewer than --public + --held-out")
+    train_pool = corpus_texts(args.corpus) if args.corpus else pool
+    source = "+".join(args.corpus) + " (public splits)" if args.corpus else cfg.data.dataset
+    if (
+        len(pool) < args.held_out
+        or len(train_pool) < args.public
+        or (not args.corpus and len(pool) < args.public + args.held_out)
+    ):
+        raise SystemExit(f"{source}: too few texts for --public {args.public} and --held-out {args.held_out}")
     size, length = section.distill_batch_size, cfg.data.max_length
-    public = [encode(tokenizer, pool[i : i + size], length) for i in range(0, args.public, size)]
+    public = [encode(tokenizer, train_pool[i : i + size], length) for i in range(0, args.public, size)]
     held = encode(tokenizer, pool[-args.held_out :], length)
     full = read_hidden(model, held)
     kept = select_neurons(model, section.keep_ratio, section.keep_layers)
+    widths = ffn_widths(model)
+    compressed = [layer for layer, idx in kept.items() if len(idx) < widths[layer]]
+    restart = section.distill_schedule != "constant" or section.distill_warmup_ratio > 0
 
     def error(sub: Any) -> float:
         return float(((read_hidden(sub, held) - full).norm(dim=-1) / full.norm(dim=-1)).mean())
@@ -96,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         sub = build_submodel(copy.deepcopy(model), kept)
         curve, done, seconds = [], 0, 0.0
         for steps in args.steps:
+            if restart:  # a schedule spans its own steps: distil from the compressed model again
+                sub, done, seconds = build_submodel(copy.deepcopy(model), kept), 0, 0.0
             start = time.perf_counter()
             stats = distill_ffns(
                 model,
@@ -105,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
                 lr=lr,
                 mu=section.mu,
                 hidden_loss=section.hidden_loss,
+                schedule=section.distill_schedule,
+                warmup_ratio=section.distill_warmup_ratio,
+                extra_params=output_norm_parameters(sub, compressed) if section.distill_norms else None,
             )
             seconds += time.perf_counter() - start
             done = steps
@@ -123,8 +173,11 @@ def main(argv: list[str] | None = None) -> None:
             f"# {cfg.name}: layer-level distillation of the FedPFT sub-model ({cfg.model.name})",
             "",
             f"`{command}`; FFNs at keep ratio {section.keep_ratio} (layers {section.keep_layers} whole), "
-            f"{section.hidden_loss} hidden-state loss, batches of {size} x <= {length} tokens over "
-            f"{args.public} public texts of {cfg.data.dataset}, {args.threads} thread(s).",
+            f"{section.hidden_loss} hidden-state loss, {section.distill_schedule} schedule "
+            f"(warmup {section.distill_warmup_ratio:g}), output norms "
+            f"{'trained' if section.distill_norms else 'frozen'}, batches of {size} x <= {length} tokens "
+            f"over {args.public} texts of {source}, {args.threads} thread(s); "
+            + ("each row a distillation of its own." if restart else "rows are points along one run."),
             "",
             "Error: relative error of the final hidden state where the head reads it against the full "
             f"model's, mean over {args.held_out} held-out texts (1.0 = unrelated).",
@@ -132,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
             markdown_table(["steps", "lr", "error", "last loss", "seconds"], rows),
         ]
     )
-    write_table(args.results_dir / f"distill-{cfg.name}", text, cfg.name, command, results)
+    stem = f"distill-{cfg.name}" + (f"-{args.tag}" if args.tag else "")
+    write_table(args.results_dir / stem, text, cfg.name, command, results)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,20 @@ def test_fedpft_distill_smoke_measures_the_error_at_every_checkpoint(tmp_path: P
     assert "| 3 | 0.001 |" in (tmp_path / "distill-fedpft-tiny.md").read_text()
 
 
+def test_fedpft_distill_smoke_on_a_general_corpus_restarts_each_scheduled_checkpoint(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
+    sets = ["fedpft.distill_schedule=cosine", "fedpft.distill_warmup_ratio=0.2", "fedpft.distill_norms=true"]
+    argv = [str(config), "--steps", "2", "4", "--public", "16", "--held-out", "4", "--lrs", "1e-3"]
+    argv += ["--corpus", "all", "--tag", "general", "--results-dir", str(tmp_path)]
+    _load("fedpft_distill").main([*argv, *(arg for key in sets for arg in ("--set", key))])
+    results = json.loads((tmp_path / "distill-fedpft-tiny-general.json").read_text())["results"]
+    curve = results["curves"]["0.001"]
+    assert [p["steps"] for p in curve] == [2, 4] and all(_positive(p["error"]) for p in curve)
+    text = (tmp_path / "distill-fedpft-tiny-general.md").read_text()
+    assert "each row a distillation of its own" in text and "all (public splits)" in text
+    assert "output norms trained" in text
+
+
 def test_p12_smoke_scores_the_same_reading_each_prompt_once(tmp_path: Path) -> None:
     record = _load("choice_scoring").main(["--smoke", "--results-dir", str(tmp_path)])
     assert (tmp_path / "p12.smoke.md").read_text().startswith("# P12")
