@@ -4,6 +4,7 @@
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --seeds 0 1 2 --dropouts 0.2
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --ablation  # Appendix C: lambda, eps
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --table-only
+    python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --init-sweep 30 100 300 500
 
 Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropout>-s<seed>``):
 - ``offsite``: Offsite-tuning: one client holding all data (``fed.mode=centralized``), adapter = first 2 +
@@ -13,6 +14,11 @@ Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropo
 - ``fedbiot_a2`` / ``fedbiot_a4``: FedBiOT with the last 2 / 4 layers as the adapter.
 Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
 the table gives mean ± std over seeds (population std), bytes per round and what a client holds.
+
+``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs (FedBiOT adapter 2
+at each of ``--dropouts``, default 0.5 there): for each I_0 a one-round run evaluated before round 1 (right
+after the distillation: the adapter is still the pretrained layers, so AdapFu is the base model) and after
+it, perplexity only (``sweep-i0-<config name>``).
 Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``): a crash loses
 only that run; rerunning resumes unfinished runs and skips finished ones.
 """
@@ -253,15 +259,24 @@ def plot(
 def main(argv: list[str] | None = None) -> None:
     parser = sweep.table_parser(__doc__, jobs=False)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--dropouts", nargs="+", type=float, default=[0.2, 0.5])
+    parser.add_argument(
+        "--dropouts", nargs="+", type=float, help="emulator dropouts (default: 0.2 0.5; --init-sweep: 0.5)"
+    )
     parser.add_argument(
         "--ablation", action="store_true", help="Appendix C: lambda and eps, adapter 2, d = 0.2"
+    )
+    parser.add_argument(
+        "--init-sweep", nargs="+", type=int, metavar="I_0", help="initial distillation steps to compare"
     )
     args = parser.parse_args(argv)
     cfg = sweep.load_config(args)
     metric = primary_metric(cfg)
     base = args.runs_dir / cfg.name
     command = sweep.command_line(__file__, argv)
+    if args.init_sweep:
+        init_sweep(args, cfg, base, command)
+        return
+    args.dropouts = args.dropouts or [0.2, 0.5]
     if args.ablation:
         variants = {"default": [], **ABLATION}
         # The default variant is the table's FedBiOT (adapter 2, d = 0.2) run: the same run, shared.
@@ -300,6 +315,69 @@ def main(argv: list[str] | None = None) -> None:
         stem = args.results_dir / f"table-{cfg.name}"
         plot(cfg, metric, results, args.dropouts, sweep.sibling(stem, ".png"))
     sweep.write_table(stem, text, cfg.name, command, results)
+
+
+INIT_SWEEP = ["fed.rounds=1", "eval.before=true", "eval.every=1", "eval.metrics=[perplexity]"]
+
+
+def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
+    dropouts = args.dropouts or [0.5]
+    keys = [(d, steps) for d in dropouts for steps in args.init_sweep]
+    dirs = {key: sweep.seed_dirs(base, f"i0-{key[1]}-d{key[0]}", args.seeds) for key in keys}
+    if not args.table_only:
+        for (d, steps), paths in dirs.items():
+            for seed, run_dir in zip(args.seeds, paths, strict=True):
+                overrides = [*METHODS["fedbiot_a2"], f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}"]
+                run_one(args.config, [*overrides, *INIT_SWEEP, f"seed={seed}", *args.set], run_dir)
+    results = {f"{steps}-d{d}": init_summary(paths) for (d, steps), paths in dirs.items()}
+    rows = [
+        [
+            str(steps),
+            f"{d:g}",
+            sweep.cell(r.get("after_init/adapemu"), 1),
+            sweep.cell(r.get("after_init/adapfu"), 1),
+            sweep.cell(r.get("round1/adapemu"), 1),
+            sweep.cell(r.get("round1/adapfu"), 1),
+            sweep.cell(r.get("init_mse"), 3),
+            str(r["seeds"]),
+        ]
+        for (d, steps), r in zip(keys, results.values(), strict=True)
+    ]
+    header = ["I_0", "dropout", "AdapEmu ppl after I_0", "AdapFu ppl (base)", "AdapEmu ppl, round 1"]
+    text = "\n".join(
+        [
+            f"# {cfg.name}: the initial emulator distillation's length (FedBiOT adapter 2)",
+            "",
+            f"`{command}`",
+            "",
+            "Perplexity on the test answers (lower is better), right after the I_0 steps of eq. (2) on the "
+            "public set and after one round of training; mean ± std over seeds. Distillation MSE: eq. (2)'s "
+            "normalised hidden-state term, averaged over the I_0 steps.",
+            "",
+            sweep.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
+        ]
+    )
+    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results)
+
+
+def init_summary(run_dirs: list[Path]) -> dict[str, Any]:
+    """Per seed: AdapEmu / AdapFu perplexity after the initial distillation (round 0) and after round
+    1, and the distillation's mean normalised hidden-state MSE (from the run's fedbiot.json)."""
+    out: dict[str, Any] = {"seeds": 0}
+    for run_dir in run_dirs:
+        rows = {int(r["round"]): r.get("eval", {}) for r in sweep.finished_rows(run_dir) if "eval" in r}
+        if 0 not in rows or 1 not in rows:
+            continue
+        seed = sweep.seed_of(run_dir)
+        out["seeds"] += 1
+        for when, rnd in (("after_init", 0), ("round1", 1)):
+            for model in ("adapemu", "adapfu"):
+                out.setdefault(f"{when}/{model}", {})[seed] = rows[rnd][f"{model}/perplexity"]
+        info = json.loads((run_dir / "artifacts" / "fedbiot.json").read_text())
+        mse = info.get("initial_distillation", {}).get("mse")
+        if mse is not None:
+            out.setdefault("init_mse", {})[seed] = float(mse)
+    return out
 
 
 def ablation_markdown(

@@ -43,3 +43,18 @@ def test_the_baselines_align_their_emulator_without_fedbiots_kl_term() -> None:
 
     assert lambdas["offsite"] == lambdas["fedot"] == 0.0
     assert lambdas["fedbiot_a2"] == lambdas["fedbiot_a4"] > 0
+
+
+def test_init_sweep_reads_the_emulator_right_after_each_initial_distillation(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    fedbiot_table.main([*argv, "--init-sweep", "1", "6"])
+    results = json.loads((tmp_path / "results" / "sweep-i0-fedbiot-tiny.json").read_text())["results"]
+    short, long = results["1-d0.5"], results["6-d0.5"]
+    assert short["seeds"] == long["seeds"] == 1
+    # before any training AdapFu is the base model whatever I_0 was; the emulator is not
+    assert short["after_init/adapfu"] == long["after_init/adapfu"]
+    assert short["after_init/adapemu"] != long["after_init/adapemu"]
+    assert all(v > 0 for v in (*short["round1/adapemu"].values(), *long["init_mse"].values()))
+    table = (tmp_path / "results" / "sweep-i0-fedbiot-tiny.md").read_text()
+    assert table.count("| 0.5 |") == 2
