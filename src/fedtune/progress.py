@@ -88,18 +88,21 @@ def round_summary(row: dict[str, Any]) -> str:
 
 
 def summary_table(history: list[dict[str, Any]], title: str) -> Table:
-    """Before (round 0) vs after (last evaluated round) for every eval metric."""
+    """Before (round 0) vs after (last evaluated round) for every eval metric; without a round-0
+    evaluation (``eval.before: false``) the before column is empty rather than the final round again."""
     evaluated = [row for row in history if row.get("eval")]
-    table = Table(title=f"{title}: before vs after")
+    first = evaluated[0] if evaluated and evaluated[0].get("round") == 0 else None
+    note = "" if first is not None or not evaluated else " (not evaluated before training)"
+    table = Table(title=f"{title}: before vs after{note}")
     table.add_column("metric")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     table.add_column("change", justify="right")
     if not evaluated:
         return table
-    first, last = evaluated[0], evaluated[-1]
+    last = evaluated[-1]
     for metric, after in last["eval"].items():
-        before = first["eval"].get(metric)
+        before = first["eval"].get(metric) if first is not None else None
         change = f"{after - before:+.4f}" if before is not None else "-"
         table.add_row(metric, "-" if before is None else f"{before:.4f}", f"{after:.4f}", change)
     return table
