@@ -234,6 +234,22 @@ def test_fedpt_over_http_with_the_whole_vocabulary_is_the_local_run(
     assert all("api_requests" not in row and "api_requests" not in row.get("eval", {}) for row in local)
 
 
+def test_eval_reaches_the_large_model_another_way_than_the_run_did(
+    interrupted: tuple[Path, str, list[dict[str, Any]]],
+) -> None:
+    """A run made over HTTP (its server gone now) is scored on the local weights of the same model
+    with ``--option large_model``: the run's final metrics (k = V: nothing was filled)."""
+    run_dir, _, history = interrupted
+    result = CliRunner().invoke(cli, ["eval", str(run_dir), "--option", f"large_model={LARGE}"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads((run_dir / "eval.json").read_text())
+    final = history[-1]["eval"]
+    for key in ("rougeL", "perplexity"):
+        assert math.isclose(scored["metrics"][key], final[key], rel_tol=1e-5), key
+    refused = CliRunner().invoke(cli, ["eval", str(run_dir), "--option", "top_k=many"])
+    assert refused.exit_code != 0 and "--option top_k='many' is not an integer" in refused.output
+
+
 def test_the_cli_names_an_absent_large_model(tmp_path: Path) -> None:
     config = str(Path(__file__).resolve().parents[2] / "configs" / "test" / "fedpt-tiny.yaml")
     result = CliRunner().invoke(

@@ -181,36 +181,58 @@ def final_model(
 ) -> FinalModel:
     """``FedPT.load_final`` (variant and option names checked): the proxy-tuned LM at the run's alpha
     or ``--option alpha=...``, or the small LM with its adapter; over Alg. 1's output small LM, or with
-    ``*-distilled`` over the one after the last round's distillation."""
+    ``*-distilled`` over the one after the last round's distillation. ``--option large_model=...``
+    (a model or an API URL) and ``top_k=...`` reach the large model another way than the run did."""
     adapter = DISTILLED_ADAPTER if variant is not None and variant.endswith("-distilled") else ADAPTER_DIR
     if variant in ("small", "small-distilled"):
         if options:
-            raise FinalModelError("alpha applies to the proxy-tuned model (--variant proxy) only")
+            raise FinalModelError(
+                f"--option {sorted(options)[0]} applies to the proxy-tuned model (--variant proxy) only"
+            )
         return load_adapter_model(cfg, run_dir, adapter)
-    alpha = None
-    if "alpha" in options:
-        try:
-            alpha = float(options["alpha"])
-        except ValueError:
-            raise FinalModelError(f"--option alpha={options['alpha']!r} is not a number") from None
-    proxy, _ = load_proxy_model(run_dir, alpha, adapter)
+    alpha = _option_number(options, "alpha", float)
+    top_k = _option_number(options, "top_k", int)
+    if top_k is not None and top_k < 1:
+        raise FinalModelError(f"--option top_k={options['top_k']!r} must be at least 1")
+    proxy, _ = load_proxy_model(run_dir, alpha, adapter, large_model=options.get("large_model"), top_k=top_k)
     return ProxyModel(cfg, proxy)
 
 
+def _option_number(options: Mapping[str, str], key: str, kind: type[float] | type[int]) -> Any:
+    if key not in options:
+        return None
+    try:
+        return kind(options[key])
+    except ValueError:
+        what = "a number" if kind is float else "an integer"
+        raise FinalModelError(f"--option {key}={options[key]!r} is not {what}") from None
+
+
 def load_proxy_model(
-    run_dir: Path, alpha: float | None = None, adapter: str = ADAPTER_DIR
+    run_dir: Path,
+    alpha: float | None = None,
+    adapter: str = ADAPTER_DIR,
+    *,
+    large_model: str | None = None,
+    top_k: int | None = None,
 ) -> tuple[ProxyTunedLM, ExperimentConfig]:
     """The proxy-tuned LM of a finished FedPT run, and the run's config.
 
     ``alpha``: the explicit argument, else the one the run chose (``artifacts/proxy.json``), else
     the config's ``fedpt.alpha``. ``adapter``: the small LM's peft directory in ``artifacts/``
     (Alg. 1's output by default, `DISTILLED_ADAPTER` for the small LM after the last distillation).
+    ``large_model`` / ``top_k`` replace ``fedpt.large_model`` / ``fedpt.top_k`` (e.g. the local weights
+    of a model the run reached over HTTP); the run's chosen alpha still applies.
     """
     from fedtune.proxy.decode import ProxyTunedLM
 
     cfg = load_run_config(run_dir)
     small = load_adapter_model(cfg, run_dir, adapter)
     section = cfg.section("fedpt")
+    ran_with = section.large_model
+    if large_model is not None or top_k is not None:
+        update = {"large_model": large_model or section.large_model, "top_k": top_k or section.top_k}
+        section = section.model_copy(update=update)
     large: LogitSource
     if is_api_url(section.large_model):
         large = http_source(section, small.tokenizer)
@@ -223,7 +245,7 @@ def load_proxy_model(
             seed=cfg.seed,
         )
     if alpha is None:
-        alpha = _saved_alpha(run_dir / "artifacts" / PROXY_FILE, section.large_model)
+        alpha = _saved_alpha(run_dir / "artifacts" / PROXY_FILE, ran_with)
     proxy = ProxyTunedLM(large, small.model, small.tokenizer, section.alpha if alpha is None else alpha)
     return proxy, cfg
 

@@ -61,7 +61,7 @@ class FedPT(Algorithm[FedPTConfig]):
     """``proxy``: the proxy-tuned large LM over the last round's aggregate, before its distillation
     (Alg. 1's output); ``small``: that small LM; ``proxy-distilled`` / ``small-distilled``: the same
     over the small LM after the round's distillation (what the clients would be sent next)."""
-    final_options = ("alpha",)
+    final_options = ("alpha", "large_model", "top_k")
     """``alpha``: the proxy's strength (default: the run's chosen alpha, then ``fedpt.alpha``)."""
 
     def __init__(self, cfg: Any) -> None:
