@@ -335,9 +335,9 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
             str(steps),
             f"{d:g}",
             sweep.cell(r.get("after_init/adapemu"), 1),
-            sweep.cell(r.get("after_init/adapfu"), 1),
+            sweep.cell(r.get("after_init/adapfu"), 2),
             sweep.cell(r.get("round1/adapemu"), 1),
-            sweep.cell(r.get("round1/adapfu"), 1),
+            sweep.cell(r.get("round1/adapfu"), 2),
             sweep.cell(r.get("init_mse"), 3),
             str(r["seeds"]),
         ]
