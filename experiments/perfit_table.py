@@ -179,7 +179,8 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
         lines += [
             "",
             f"{part}: personalised perplexity by the number of rounds a client was sampled (each row's first "
-            "seed; a client never sampled keeps the base model in the personal rows):",
+            "seed; a client never sampled is scored on G at its mask, or on the base model under own "
+            "starts):",
             "",
             sweep.markdown_table(["rounds sampled", "clients", "base", *labels], table),
         ]
