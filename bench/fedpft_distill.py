@@ -60,11 +60,12 @@ def corpus_texts(names: list[str], seed: int = 0) -> list[str]:
     """The public splits of the built-in datasets ``names`` (``all``: every one), shuffled together."""
     import random
 
-    from fedtune.data.builtin import list_builtin, load_builtin
+    from fedtune.data.builtin import ALL_PUBLIC, load_all_public, load_builtin
 
-    if names == ["all"]:
-        names = [info.name for info in list_builtin() if "public" in info.splits]
-    pool = [_text(r) for name in names for r in load_builtin(name, "public")]
+    records = (
+        load_all_public() if names == [ALL_PUBLIC] else [r for n in names for r in load_builtin(n, "public")]
+    )
+    pool = [_text(r) for r in records]
     random.Random(seed).shuffle(pool)
     return pool
 

@@ -191,7 +191,7 @@ NOTES: dict[str, str] = {
     "fedpft.neuron_steps": "Steps of each neuron-level distillation.",
     "fedpft.mu": "Weight of eq. 13's FFN product term.",
     "fedpft.public_dataset": "The built-in dataset whose public split is distilled on (default: the "
-    "training dataset's).",
+    "training dataset's; `all`: every built-in dataset's public split, a general corpus).",
     "fedpft.neuron_every": "Neuron-level distillation every this many rounds (0: the ablation without it).",
     "fedpft.freeze_fraction": "Share of neurons frozen (the most active on client data).",
     "fedpft.apoz_examples": "Examples per client for the APoZ statistics.",

@@ -291,3 +291,23 @@ def test_distilling_the_norms_of_a_model_without_one_after_its_ffn_names_the_key
     assert not (tmp_path / "run" / "checkpoints").exists() or not any(
         (tmp_path / "run" / "checkpoints").iterdir()
     )
+
+
+def test_distilling_on_every_built_in_public_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fedpft.public_dataset: all``: the general corpus of every built-in public split, whatever the
+    task of each (only their texts are read)."""
+    import json
+
+    from fedtune.algorithms.fedpft import server
+    from fedtune.data.builtin import list_builtin, load_all_public
+
+    corpus = load_all_public()
+    public = {info.name: info.splits["public"] for info in list_builtin() if "public" in info.splits}
+    assert len(corpus) == sum(public.values()) and len({r.category for r in corpus}) > 10
+    served: list[int] = []
+    monkeypatch.setattr(server, "load_all_public", lambda: served.append(len(corpus)) or corpus)
+    cfg = tiny_config("fedpft", "fed.rounds=1", "fedpft.public_dataset=all", "fedpft.public_examples=32")
+    quiet_runner(cfg, tmp_path / "run").run()
+    assert served == [len(corpus)]
+    info = json.loads((tmp_path / "run" / "artifacts" / "fedpft.json").read_text())
+    assert info["distillation"][0]["round"] == 0.0 and info["distillation"][0]["steps"] > 0

@@ -57,6 +57,17 @@ def builtin_info(name: str) -> BuiltinInfo:
     )
 
 
+ALL_PUBLIC = "all"
+"""As a public set's name: every built-in dataset's public split (`load_all_public`)."""
+
+
+def load_all_public() -> list[Record]:
+    """Every built-in dataset's public split, concatenated in name order: a general corpus."""
+    return [
+        r for info in list_builtin() if "public" in info.splits for r in load_builtin(info.name, "public")
+    ]
+
+
 def load_builtin(name: str, split: str = "train") -> list[Record]:
     info = builtin_info(name)
     if split not in info.splits:

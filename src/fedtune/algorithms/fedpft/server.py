@@ -44,6 +44,7 @@ from fedtune.algorithms.fedpft.wire import (
     with_lora,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
+from fedtune.data.builtin import ALL_PUBLIC, load_all_public
 from fedtune.data.classify import (
     class_names,
     encode_classification,
@@ -138,7 +139,12 @@ class FedPFT(Algorithm[FedPFTConfig]):
     def _public_batches(self, public: list[Record], tokenizer: Any) -> list[dict[str, torch.Tensor]]:
         """The public set the distillations run on (``public_examples`` of it), batched."""
         section, data = self.section, self.cfg.data
-        records = load_dataset_records(section.public_dataset, "public") if section.public_dataset else public
+        if section.public_dataset == ALL_PUBLIC:
+            records = load_all_public()
+        elif section.public_dataset:
+            records = load_dataset_records(section.public_dataset, "public")
+        else:
+            records = public
         if not records:
             raise DataError(
                 f"fedpft distils the sub-model on a public set, but data.dataset {data.dataset!r} "
