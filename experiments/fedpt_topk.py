@@ -41,7 +41,8 @@ def http_overrides(url: str, model: str, k: int) -> list[str]:
 
 
 class LogitsServer:
-    """``fedtune serve MODEL`` in a process of its own (one thread), until the ``with`` block ends."""
+    """``fedtune serve MODEL`` in a process of its own (one thread; it dies with this script), until the
+    ``with`` block ends."""
 
     def __init__(self, model: str, port: int, log: Path) -> None:
         self.model, self.port, self.log = model, port, log
@@ -49,12 +50,12 @@ class LogitsServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LogitsServer:
+        from fedtune.flower.processes import spawn
+
         command = [sys.executable, "-m", "fedtune", "serve", self.model, "--port", str(self.port)]
         command += ["--max-logprobs", "-1", "--device", "cpu"]
         env = dict(os.environ) | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "a") as handle:
-            self._process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        self._process = spawn(command, self.log, env)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -68,9 +69,10 @@ class LogitsServer:
         raise RuntimeError(f"fedtune serve {self.model} did not answer on port {self.port}; see {self.log}")
 
     def __exit__(self, *exc: object) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            self._process.wait(timeout=30)
+        from fedtune.flower.processes import kill_tree
+
+        if self._process is not None:
+            kill_tree(self._process)
 
 
 def summarise(run_dirs: list[Path]) -> dict[str, Any]:
