@@ -23,6 +23,11 @@ distillation step helps. A plot beside the table (``table-<config name>.png``) s
 accuracies, one panel per dataset and partition, with each seed's value as a dot. Runs are
 subprocesses, ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and
 skips finished ones.
+
+``--lrs LR ...`` sweeps the learning rate instead: every row at each lr (run directories
+``lr<lr>-<row>-<dataset>-<partition>-s<seed>``), scored on the dataset's validation split, never the test
+split; ``sweep-lr-<config name>`` (.md, .json, .png) gives each row's validation accuracy by lr and picks
+one lr for all rows, the one with the highest mean over the rows and settings swept.
 """
 
 from __future__ import annotations
@@ -261,11 +266,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", nargs="+", default=default_rows, choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
     parser.add_argument("--partitions", nargs="+", default=["iid"], choices=list(PARTITIONS))
+    parser.add_argument(
+        "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
+    )
     args = parser.parse_args(argv)
     cfg = sweep.load_config(args)
     base = args.runs_dir / cfg.name
     command = sweep.command_line(__file__, argv)
     suffixes = [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+    if args.lrs:
+        lr_sweep(args, cfg, base, suffixes, command)
+        return
     dirs = {
         f"{row}-{suffix}": sweep.seed_dirs(base, f"{row}-{suffix}", args.seeds)
         for suffix in suffixes
@@ -284,6 +295,99 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.results_dir / f"table-{cfg.name}"
     sweep.write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
+
+
+def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:
+    """Every row at each of ``args.lrs`` on the validation split; one lr for all rows by mean accuracy."""
+    keys = [(lr, row, suffix) for lr in args.lrs for suffix in suffixes for row in args.rows]
+    dirs = {key: sweep.seed_dirs(base, f"lr{key[0]:g}-{key[1]}-{key[2]}", args.seeds) for key in keys}
+    if not args.table_only:
+        runs = {}
+        for seed_index, seed in enumerate(args.seeds):
+            for lr, row, suffix in keys:  # every row at one lr before the next lr
+                data, part = suffix.split("-")
+                overrides = [*ROWS[row], *DATASETS[data], *PARTITIONS[part], f"train.lr={lr}"]
+                overrides += ["data.eval_split=validation", f"seed={seed}", *args.set]
+                runs[dirs[(lr, row, suffix)][seed_index]] = overrides
+        sweep.run_all(args.config, runs, jobs=args.jobs)
+    found = {key: summarise(paths) for key, paths in dirs.items()}
+    results: dict[str, Any] = {f"lr{lr:g}-{row}-{suffix}": r for (lr, row, suffix), r in found.items()}
+    means = {}
+    for lr in args.lrs:
+        cells = [found[(lr, row, suffix)] for suffix in suffixes for row in args.rows]
+        if all("accuracy" in c for c in cells):
+            means[lr] = sum(c["accuracy"] for c in cells) / len(cells)
+    chosen = max(means, key=lambda lr: means[lr]) if means else None
+    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
+    results["chosen_lr"] = chosen
+    header = ["lr"] + [f"{LABELS[row]} {suffix}" for suffix in suffixes for row in args.rows] + ["mean"]
+    rows = [
+        [f"{lr:g}"]
+        + [
+            sweep.cell(found[(lr, row, suffix)].get("accuracy_by_seed"), 1)
+            for suffix in suffixes
+            for row in args.rows
+        ]
+        + [f"{means[lr]:.1f}" if lr in means else "-"]
+        for lr in args.lrs
+    ]
+    best_by_row = [
+        f"- {LABELS[row]}, {suffix}: best at lr "
+        + f"{max(args.lrs, key=lambda lr: found[(lr, row, suffix)].get('accuracy', -1.0)):g}"
+        for suffix in suffixes
+        for row in args.rows
+    ]
+    text = "\n".join(
+        [
+            f"# {cfg.name}: learning-rate sweep, validation accuracy (%), mean ± std over seeds",
+            "",
+            f"`{command}`; {cfg.fed.rounds} rounds, {cfg.eval.max_examples} validation examples, "
+            f"{sweep.seeds_text(len(args.seeds))}. The test split is not read.",
+            "",
+            sweep.markdown_table(header, rows),
+            "",
+            "Each row's best lr (the sweep picks one for all):",
+            "",
+            *best_by_row,
+            "",
+            f"Chosen lr (highest mean validation accuracy over the rows and settings): {chosen:g}"
+            if chosen is not None
+            else "No lr has every row finished yet.",
+        ]
+    )
+    stem = args.results_dir / f"sweep-lr-{cfg.name}"
+    sweep.write_table(stem, text, cfg.name, command, results)
+    plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
+
+
+def plot_lr_sweep(
+    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], path: Path
+) -> Path:
+    """One panel per dataset and partition: validation accuracy against lr (log axis), one line per row."""
+    figure, axes, first = sweep.panel_grid(len(suffixes), 4.2, 3.2)
+    for ax, suffix in zip(axes, suffixes, strict=True):
+        for row in args.rows:
+            points = [(lr, found[(lr, row, suffix)]) for lr in args.lrs]
+            points = [(lr, r) for lr, r in points if "accuracy" in r]
+            if points:
+                ax.errorbar(
+                    [lr for lr, _ in points],
+                    [r["accuracy"] for _, r in points],
+                    yerr=[r.get("accuracy_std", 0.0) for _, r in points],
+                    marker="o",
+                    capsize=3,
+                    label=LABELS[row],
+                )
+        ax.set_xscale("log")
+        ax.set_xlabel("lr")
+        ax.set_title(suffix)
+        ax.grid(True, alpha=0.3)
+    for ax in first:
+        ax.set_ylabel("validation accuracy (%)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
+    figure.suptitle(f"{cfg.name}: {cfg.model.name}, learning-rate sweep", fontsize=10)
+    return sweep.save_figure(figure, path)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,28 @@ def test_init_sweep_reads_the_emulator_right_after_each_initial_distillation(tmp
     assert all(v > 0 for v in (*short["round1/adapemu"].values(), *long["init_mse"].values()))
     table = (tmp_path / "results" / "sweep-i0-fedbiot-tiny.md").read_text()
     assert table.count("| 0.5 |") == 2
+
+
+def test_trajectory_reads_every_evaluated_round_of_each_method(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += ["--methods", "fedbiot_a2", "--dropouts", "0.4", "--trajectory"]
+    argv += ["--set", "fed.rounds=2", "--set", "eval.every=1", "--set", "eval.before=true"]
+    fedbiot_table.main(argv)
+    stem = tmp_path / "results" / "trajectory-fedbiot-tiny"
+    curve = json.loads(stem.with_suffix(".json").read_text())["results"]["fedbiot_a2-d0.4"]
+    assert curve["seeds"] == 1 and list(curve["rounds"]) == ["0", "1", "2"]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "runs" / "fedbiot-tiny" / "fedbiot_a2-d0.4-s0" / "metrics.jsonl").open()
+    ]
+    # each round's cell is that round's evaluation, read back from the run (one seed: std 0)
+    for row in rows:
+        assert curve["rounds"][str(row["round"])]["adapfu/perplexity"] == [
+            row["eval"]["adapfu/perplexity"],
+            0.0,
+        ]
+    assert curve["best_round"]["0"] in (0, 1, 2)
+    assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    text = stem.with_suffix(".md").read_text()
+    assert text.count("| FedBiOT (Adapter 2) | 0.4 |") == 3 and "best round by AdapFu" in text

@@ -56,3 +56,38 @@ def test_an_ordering_decided_below_the_shown_precision_shows_more_digits() -> No
     assert (
         "- lexclass-dir1: FedOT (layer drop) < FedPFT: holds (32.0 vs 33.2; lower in 1 of 2 seeds)"
     ) in lines
+
+
+def test_lr_sweep_scores_every_row_on_validation_and_picks_one_lr(tmp_path: Path) -> None:
+    import yaml
+
+    config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += [
+        "--rows",
+        "fedot",
+        "fedpetuning",
+        "--jobs",
+        "2",
+        "--set",
+        "fed.rounds=1",
+        "--lrs",
+        "0.001",
+        "0.1",
+    ]
+    fedpft_table.main(argv)
+    runs = tmp_path / "runs" / "fedpft-tiny"
+    saved = yaml.safe_load((runs / "lr0.1-fedot-lexclass-iid-s0" / "config.yaml").read_text())
+    assert saved["train"]["lr"] == 0.1 and saved["data"]["eval_split"] == "validation"
+    results = json.loads((tmp_path / "results" / "sweep-lr-fedpft-tiny.json").read_text())["results"]
+    means = results["mean_by_lr"]
+    for lr in ("0.001", "0.1"):
+        cells = [results[f"lr{lr}-{row}-lexclass-iid"]["accuracy"] for row in ("fedot", "fedpetuning")]
+        assert means[lr] == sum(cells) / 2
+    assert f"{results['chosen_lr']:g}" == max(means, key=means.__getitem__)
+    text = (tmp_path / "results" / "sweep-lr-fedpft-tiny.md").read_text()
+    assert (
+        f"Chosen lr (highest mean validation accuracy over the rows and settings): {results['chosen_lr']:g}"
+        in text
+    )
+    assert (tmp_path / "results" / "sweep-lr-fedpft-tiny.png").read_bytes().startswith(b"\x89PNG")
