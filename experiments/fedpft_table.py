@@ -84,6 +84,14 @@ PARTITIONS: dict[str, list[str]] = {
 }
 
 
+def run_overrides(row: str, suffix: str, seed: int, extra: list[str]) -> list[str]:
+    """A run's overrides: ``extra`` (``--set``) first, then what defines the row, its dataset, partition
+    and seed, which win over it (``--set fedpft.distill_steps=1000`` sets FedPFT's distillation and leaves
+    the baselines' ``distill_steps=0``)."""
+    data, part = suffix.split("-")
+    return [*extra, *ROWS[row], *DATASETS[data], *PARTITIONS[part], f"seed={seed}"]
+
+
 def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
     finals: dict[str, dict[str, Any]] = {}
@@ -286,10 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         runs = {}
         for seed_index, seed in enumerate(args.seeds):  # every row of a seed before the next seed
             for suffix in suffixes:
-                data, part = suffix.split("-")
                 for row in args.rows:
-                    overrides = [*ROWS[row], *DATASETS[data], *PARTITIONS[part], f"seed={seed}", *args.set]
-                    runs[dirs[f"{row}-{suffix}"][seed_index]] = overrides
+                    runs[dirs[f"{row}-{suffix}"][seed_index]] = run_overrides(row, suffix, seed, args.set)
         sweep.run_all(args.config, runs, jobs=args.jobs)
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
@@ -305,10 +311,10 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
         runs = {}
         for seed_index, seed in enumerate(args.seeds):
             for lr, row, suffix in keys:  # every row at one lr before the next lr
-                data, part = suffix.split("-")
-                overrides = [*ROWS[row], *DATASETS[data], *PARTITIONS[part], f"train.lr={lr}"]
-                overrides += ["data.eval_split=validation", f"seed={seed}", *args.set]
-                runs[dirs[(lr, row, suffix)][seed_index]] = overrides
+                extra = [f"train.lr={lr}", "data.eval_split=validation"]
+                runs[dirs[(lr, row, suffix)][seed_index]] = run_overrides(
+                    row, suffix, seed, [*args.set, *extra]
+                )
         sweep.run_all(args.config, runs, jobs=args.jobs)
     found = {key: summarise(paths) for key, paths in dirs.items()}
     results: dict[str, Any] = {f"lr{lr:g}-{row}-{suffix}": r for (lr, row, suffix), r in found.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
 from experiments import fedpft_table
 
 from tests.integration.helpers import ROOT
@@ -14,7 +15,13 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     argv += ["--rows", "fedot", "fedpft", "fedpetuning", "--jobs", "2", "--set", "fed.rounds=1"]
+    argv += ["--set", "fedpft.distill_steps=3"]  # FedPFT's distillation; the baselines' rows keep theirs off
     fedpft_table.main(argv)
+    for row, steps in (("fedot", 0), ("fedpft", 3), ("fedpetuning", 0)):
+        saved = yaml.safe_load(
+            (tmp_path / "runs" / "fedpft-tiny" / f"{row}-lexclass-iid-s0" / "config.yaml").read_text()
+        )
+        assert saved["fedpft"]["distill_steps"] == steps, row
     table = (tmp_path / "results" / "table-fedpft-tiny.md").read_text()
     assert "| FedPFT | lexclass | iid |" in table and "| FedOT (layer drop) | lexclass | iid |" in table
     assert "- lexclass-iid: FedOT (layer drop) < FedPFT:" in table
@@ -59,8 +66,6 @@ def test_an_ordering_decided_below_the_shown_precision_shows_more_digits() -> No
 
 
 def test_lr_sweep_scores_every_row_on_validation_and_picks_one_lr(tmp_path: Path) -> None:
-    import yaml
-
     config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     argv += [
