@@ -24,6 +24,9 @@ it, perplexity only (``sweep-i0-<config name>``).
 method at every round the runs evaluated (round 0: right after the initial distillation), with each
 method's best round beside its last, as the paper reports the best checkpoint of a long run
 (``configs/paper/fedbiot-math-traj.yaml``: 30 rounds, every client every round, evaluated every 10).
+``--set`` applies to every run, but never over what defines a row (a method's split, its ``align_steps``,
+the dropout, an ablation's key, I_0): ``--set fedbiot.align_steps=10`` sets FedBiOT's E and leaves
+Offsite-tuning's and FedOT's fixed emulator fixed.
 Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``): a crash loses
 only that run; rerunning resumes unfinished runs and skips finished ones.
 """
@@ -297,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in variants
         }
         runs = {
-            run_dir: [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2", *overrides, f"seed={seed}", *args.set]
+            run_dir: [*args.set, *METHODS["fedbiot_a2"], "fedbiot.dropout=0.2", *overrides, f"seed={seed}"]
             for name, overrides in variants.items()
             for seed, run_dir in zip(args.seeds, dirs[name], strict=True)
         }
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             for method in args.methods
         }
         runs = {
-            run_dir: [*METHODS[method], f"fedbiot.dropout={d}", f"seed={seed}", *args.set]
+            run_dir: [*args.set, *METHODS[method], f"fedbiot.dropout={d}", f"seed={seed}"]
             for d in args.dropouts
             for method in args.methods
             for seed, run_dir in zip(args.seeds, dirs[f"{method}-d{d}"], strict=True)
@@ -458,7 +461,7 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
         for (d, steps), paths in dirs.items():
             for seed, run_dir in zip(args.seeds, paths, strict=True):
                 overrides = [*METHODS["fedbiot_a2"], f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}"]
-                run_one(args.config, [*overrides, *INIT_SWEEP, f"seed={seed}", *args.set], run_dir)
+                run_one(args.config, [*args.set, *overrides, *INIT_SWEEP, f"seed={seed}"], run_dir)
     results = {f"{steps}-d{d}": init_summary(paths) for (d, steps), paths in dirs.items()}
     rows = [
         [

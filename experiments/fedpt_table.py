@@ -54,6 +54,12 @@ def method_overrides(method: str, cfg: Any) -> list[str]:
     return [item.format(large=cfg.fedpt.large_model) for item in METHODS[method]]
 
 
+def run_overrides(method: str, cfg: Any, extra: list[str]) -> list[str]:
+    """A method's run: ``extra`` (``--set``) first, then what defines the method, which wins over it
+    (``--set model.name=<another small model>`` leaves FedAvg (large) on the large model)."""
+    return [*extra, *method_overrides(method, cfg)]
+
+
 def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, float]:
     """Peak RSS of one client training ``model`` (subprocess running ``--client-memory``)."""
     command = [
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = sweep.load_config(args)
     runs = {method: args.runs_dir / cfg.name / method for method in args.methods}
     if not args.table_only:
-        overrides = {run_dir: [*method_overrides(m, cfg), *args.set] for m, run_dir in runs.items()}
+        overrides = {run_dir: run_overrides(m, cfg, args.set) for m, run_dir in runs.items()}
         sweep.run_all(args.config, overrides, threads=None)
     memory: dict[str, dict[str, float]] = {}
     if not args.no_memory:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
 from experiments import fedbiot_table
 
 from tests.integration.helpers import ROOT
@@ -14,8 +15,12 @@ def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> Non
     config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     argv += ["--methods", "offsite", "fedbiot_a2", "--dropouts", "0.4", "--set", "fed.rounds=1"]
+    argv += ["--set", "fedbiot.align_steps=3", "--set", "fedbiot.dropout=0.1"]  # the rows' own keys win
     fedbiot_table.main(argv)
     runs = tmp_path / "runs" / "fedbiot-tiny"
+    for method, steps in (("offsite", 0), ("fedbiot_a2", 3)):
+        saved = yaml.safe_load((runs / f"{method}-d0.4-s0" / "config.yaml").read_text())["fedbiot"]
+        assert (saved["align_steps"], saved["dropout"]) == (steps, 0.4), method
     assert (runs / "offsite-d0.4-s0" / "artifacts" / "fedbiot.json").is_file()
     info = json.loads((runs / "fedbiot_a2-d0.4-s0" / "artifacts" / "fedbiot.json").read_text())
     assert info["split"]["adapter"] == [6, 7] and len(info["split"]["emulator"]) == 3
