@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     dirs = {f"{row}-{part}": sweep.seed_dirs(base, f"{row}-{part}", args.seeds) for row, part in keys}
     if not args.table_only:
         runs = {
-            run_dir: [*ROWS[row], *PARTITIONS[part], f"seed={seed}", *args.set]
+            run_dir: [*args.set, *ROWS[row], *PARTITIONS[part], f"seed={seed}"]  # a row's keys win
             for row, part in keys
             for seed, run_dir in zip(args.seeds, dirs[f"{row}-{part}"], strict=True)
         }

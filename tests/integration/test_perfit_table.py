@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from experiments import perfit_table
 
 from tests.integration.helpers import ROOT
@@ -16,7 +17,10 @@ def test_table_runs_rows_tabulates_and_plots_masks(tmp_path: Path) -> None:
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     argv += ["--rows", "fit", "standalone", "perfit_s0.5", "--jobs", "2"]
     argv += ["--set", "fed.rounds=1", "--set", "eval.metrics=[perplexity,rougeL]"]
+    argv += ["--set", "perfit.sparsity=0.9"]  # a row's own keys win over --set
     perfit_table.main(argv)
+    saved = (tmp_path / "runs" / "perfit-tiny" / "perfit_s0.5-pathological-s0" / "config.yaml").read_text()
+    assert yaml.safe_load(saved)["perfit"]["sparsity"] == 0.5
     table = (tmp_path / "results" / "table-perfit-tiny.md").read_text()
     assert "| FIT (FedIT, rank r) | pathological |" in table and "| PerFIT s = 0.5 | pathological |" in table
     assert "| Standalone (rank r, own data only) | pathological |" in table
