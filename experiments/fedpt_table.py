@@ -217,12 +217,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = sweep.table_parser(__doc__, seeds=False, jobs=False)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
+    parser.add_argument(
+        "--small-models",
+        nargs="+",
+        metavar="MODEL",
+        help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
+    )
     parser.add_argument("--client-memory", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.client_memory:
         print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
         return
     cfg = sweep.load_config(args)
+    if args.small_models:
+        small_model_study(args, cfg, sweep.command_line(__file__, argv))
+        return
     runs = {method: args.runs_dir / cfg.name / method for method in args.methods}
     if not args.table_only:
         overrides = {run_dir: run_overrides(m, cfg, args.set) for m, run_dir in runs.items()}
@@ -235,6 +244,146 @@ def main(argv: list[str] | None = None) -> None:
     command = sweep.command_line(__file__, argv)
     text = markdown(cfg, results, command)
     sweep.write_table(args.results_dir / f"table-{cfg.name}", text, cfg.name, command, results)
+
+
+STUDY_METHODS = ("fedavg_small", "fedpt")
+
+
+def layer_count(model: str) -> int:
+    from fedtune.models.loading import parse_tiny_name, resolve_source
+
+    tiny = parse_tiny_name(model)
+    if tiny is not None:
+        return tiny.num_layers
+    return int(
+        json.loads((Path(resolve_source(model, "causal-lm")) / "config.json").read_text())[
+            "num_hidden_layers"
+        ]
+    )
+
+
+def held_out_perplexity(model: str) -> float | None:
+    """The model's perplexity on the held-out public texts of `fedtune models derive`: a derived model's
+    own (after its distillation), or, for a model others were derived from, the teacher's there."""
+    from fedtune.models.loading import derived_path
+    from fedtune.models.zoo import default_cache_dir
+
+    own = derived_path(model)
+    if own is not None:
+        return float(json.loads((own / "derive.json").read_text())["student_ppl_after"])
+    for info in sorted((default_cache_dir() / "derived").glob("*/derive.json")):
+        saved = json.loads(info.read_text())
+        if saved.get("source") == model:
+            return float(saved["teacher_ppl"])
+    return None
+
+
+def study_root(args: Any, cfg: Any, model: str) -> Path:
+    """The config's own small model runs under the table's directory, another under ``<name>-l<layers>``."""
+    name = cfg.name if model == cfg.model.name else f"{cfg.name}-l{layer_count(model)}"
+    return Path(args.runs_dir) / name
+
+
+def small_model_study(args: Any, cfg: Any, command: str) -> None:
+    """FedAvg (small) and FedPT with each of ``--small-models`` as the clients' model (the large model
+    stays the config's); the large model itself as the small one is FedAvg (large), FedPT's target."""
+    roots = {model: study_root(args, cfg, model) for model in args.small_models}
+    if not args.table_only:
+        runs = {
+            roots[model] / method: run_overrides(method, cfg, [*args.set, f"model.name={model}"])
+            for model in args.small_models
+            for method in STUDY_METHODS
+        }
+        sweep.run_all(args.config, runs, threads=None)
+    sets = test_sets(cfg)
+    results: dict[str, Any] = {}
+    for model, root in roots.items():
+        entry: dict[str, Any] = {"layers": layer_count(model), "held_out_ppl": held_out_perplexity(model)}
+        for method in STUDY_METHODS:
+            final = sweep.last_evaluated(sweep.finished_rows(root / method))
+            if final is not None:
+                entry[method] = final["eval"]
+        results[model] = entry
+    large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small")
+    header = ["client model", "layers", "held-out ppl", "FedAvg (small) test ppl"]
+    for label, _ in sets:
+        header += [f"FedAvg (small) {label}", f"FedPT {label}", f"FedPT - FedAvg (large) {label}"]
+    header += ["FedPT test ppl", "alpha"]
+    rows = []
+    for model, entry in results.items():
+        small, fedpt = entry.get("fedavg_small", {}), entry.get("fedpt", {})
+        ppl = entry["held_out_ppl"]
+        cells = [
+            model,
+            str(entry["layers"]),
+            "-" if ppl is None else f"{ppl:.1f}",
+            _plain(small, "perplexity"),
+        ]
+        for _, prefix in sets:
+            key = prefix + "rougeL"
+            gap = "-" if not large or key not in fedpt else f"{fedpt[key] - large[key]:+.4f}"
+            cells += [_fmt(small, key), _fmt(fedpt, key), gap]
+        cells += [_plain(fedpt, "perplexity"), str(fedpt.get("alpha", "-"))]
+        rows.append(cells)
+    text = "\n".join(
+        [
+            f"# {cfg.name}: FedPT against the quality of the clients' small model",
+            "",
+            f"`{command}` — {now()}",
+            "",
+            f"Large model {cfg.fedpt.large_model}; each row's clients tune the small model named (FedAvg "
+            "(small)) and FedPT proxy-tunes the large model with it. The large model as its own small model "
+            "is FedAvg (large), FedPT's target. Held-out ppl: perplexity on the held-out public texts of "
+            "`fedtune models derive` (the source's own for the large model). Rouge-L: mean ± std over the "
+            "sampling seeds; test ppl: deterministic, on the in-domain test set.",
+            "",
+            sweep.markdown_table(header, rows),
+        ]
+    )
+    stem = args.results_dir / f"study-small-{cfg.name}"
+    sweep.write_table(stem, text, cfg.name, command, results)
+    plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
+
+
+def _plain(metrics: dict[str, Any], key: str) -> str:
+    return f"{metrics[key]:.2f}" if key in metrics else "-"
+
+
+def plot_small_model_study(
+    cfg: Any, results: dict[str, Any], sets: list[tuple[str, str]], path: Path
+) -> Path:
+    """Per test set: Rouge-L of FedAvg (small) and FedPT against the small model's held-out perplexity
+    (log axis), FedAvg (large) as a line."""
+    figure, axes, first = sweep.panel_grid(len(sets), 4.4, 3.3)
+    points = [(entry["held_out_ppl"], entry) for entry in results.values() if entry["held_out_ppl"]]
+    points.sort(key=lambda item: item[0])
+    large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small", {})
+    for ax, (label, prefix) in zip(axes, sets, strict=True):
+        key = prefix + "rougeL"
+        for method, colour in (("fedavg_small", "#7f7f7f"), ("fedpt", "#1f77b4")):
+            shown = [(x, e[method]) for x, e in points if key in e.get(method, {})]
+            if shown:
+                ax.errorbar(
+                    [x for x, _ in shown],
+                    [m[key] for _, m in shown],
+                    yerr=[m.get(f"{key}_std", 0.0) for _, m in shown],
+                    marker="o",
+                    capsize=3,
+                    color=colour,
+                    label=LABELS[method],
+                )
+        if key in large:
+            ax.axhline(large[key], color="#d62728", linestyle="--", label="FedAvg (large)")
+        ax.set_xscale("log")
+        ax.set_xlabel("small model's held-out perplexity")
+        ax.set_title(label)
+        ax.grid(True, alpha=0.3)
+    for ax in first:
+        ax.set_ylabel("Rouge-L")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
+    figure.suptitle(f"{cfg.name}: FedPT against the small model's quality", fontsize=10)
+    return sweep.save_figure(figure, path)
 
 
 if __name__ == "__main__":
