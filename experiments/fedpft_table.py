@@ -384,16 +384,11 @@ def plot_lr_sweep(
                     capsize=3,
                     label=LABELS[row],
                 )
-        ax.set_xscale("log")
-        ax.set_xlabel("lr")
         ax.set_title(suffix)
-        ax.grid(True, alpha=0.3)
-    for ax in first:
-        ax.set_ylabel("validation accuracy (%)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
-    figure.suptitle(f"{cfg.name}: {cfg.model.name}, learning-rate sweep", fontsize=10)
-    return sweep.save_figure(figure, path)
+    title = f"{cfg.name}: {cfg.model.name}, learning-rate sweep"
+    return sweep.finish_log_x_grid(
+        figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path
+    )
 
 
 if __name__ == "__main__":

@@ -374,16 +374,12 @@ def plot_small_model_study(
                 )
         if key in large:
             ax.axhline(large[key], color="#d62728", linestyle="--", label="FedAvg (large)")
-        ax.set_xscale("log")
-        ax.set_xlabel("small model's held-out perplexity")
         ax.set_title(label)
-        ax.grid(True, alpha=0.3)
-    for ax in first:
-        ax.set_ylabel("Rouge-L")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
-    figure.suptitle(f"{cfg.name}: FedPT against the small model's quality", fontsize=10)
-    return sweep.save_figure(figure, path)
+    title = f"{cfg.name}: FedPT against the small model's quality"
+    xlabel = "small model's held-out perplexity"
+    return sweep.finish_log_x_grid(
+        figure, axes, first, xlabel=xlabel, ylabel="Rouge-L", title=title, path=path
+    )
 
 
 if __name__ == "__main__":

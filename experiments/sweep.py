@@ -311,6 +311,30 @@ def seed_markers(
         ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
 
 
+def finish_log_x_grid(
+    figure: Any,
+    axes: Sequence[Any],
+    first: Sequence[Any],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+) -> Path:
+    """Finish a `panel_grid` of curves against a log x axis: axis labels, grid, one legend under the
+    panels (from the first), the title; save to ``path``."""
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    for ax in first:
+        ax.set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
+    figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path)
+
+
 def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
