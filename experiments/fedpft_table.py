@@ -337,12 +337,13 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
         + [f"{means[lr]:.1f}" if lr in means else "-"]
         for lr in args.lrs
     ]
-    best_by_row = [
-        f"- {LABELS[row]}, {suffix}: best at lr "
-        + f"{max(args.lrs, key=lambda lr: found[(lr, row, suffix)].get('accuracy', -1.0)):g}"
-        for suffix in suffixes
-        for row in args.rows
-    ]
+    best_by_row = []
+    for suffix in suffixes:
+        for row in args.rows:
+            done = [lr for lr in args.lrs if "accuracy" in found[(lr, row, suffix)]]
+            best = max(done, key=lambda lr: found[(lr, row, suffix)]["accuracy"]) if done else None
+            shown = "no lr finished" if best is None else f"best at lr {best:g} (of {len(done)} finished)"
+            best_by_row.append(f"- {LABELS[row]}, {suffix}: {shown}")
     text = "\n".join(
         [
             f"# {cfg.name}: learning-rate sweep, validation accuracy (%), mean ± std over seeds",
