@@ -340,7 +340,8 @@ MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))
 
 def trajectory_summary(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     """Per evaluated round (over the seeds whose run finished): mean ± std of AdapEmu / AdapFu ``metric``
-    and perplexity, and per seed the best round by AdapFu ``metric`` (the earliest of a tie)."""
+    and perplexity, and per seed the best round by AdapFu ``metric``; a tie goes to the lower AdapFu
+    perplexity, then to the earlier round (a metric that is 0 in every round leaves perplexity to decide)."""
     by_seed = {
         sweep.seed_of(d): {int(r["round"]): r["eval"] for r in sweep.finished_rows(d) if r.get("eval")}
         for d in run_dirs
@@ -362,7 +363,7 @@ def trajectory_summary(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     sign = 1.0 if metric != "perplexity" else -1.0
     out["best_round"] = {}
     for seed, rounds in by_seed.items():
-        scores = [(sign * rounds[r][f"adapfu/{metric}"], -r) for r in common]
+        scores = [(sign * rounds[r][f"adapfu/{metric}"], -rounds[r]["adapfu/perplexity"], -r) for r in common]
         out["best_round"][seed] = common[scores.index(max(scores))]
     return out
 
@@ -393,7 +394,7 @@ def trajectory_markdown(cfg: Any, metric: str, curves: dict[str, dict[str, Any]]
             notes.append(
                 f"{label}, d={d}: AdapFu perplexity {first:.3f} at round {trained[0]} -> {last:.3f} at round "
                 f"{trained[-1]} ({'falls' if last < first else 'rises or holds'}); "
-                f"best round by AdapFu {metric}: {best}"
+                f"best round by AdapFu {metric} (a tie: by AdapFu perplexity): {best}"
             )
     return "\n".join(
         [

@@ -88,3 +88,21 @@ def test_trajectory_reads_every_evaluated_round_of_each_method(tmp_path: Path) -
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     text = stem.with_suffix(".md").read_text()
     assert text.count("| FedBiOT (Adapter 2) | 0.4 |") == 3 and "best round by AdapFu" in text
+
+
+def test_trajectory_best_round_breaks_a_metric_tie_by_perplexity(tmp_path: Path) -> None:
+    run = tmp_path / "fedot-d0.5-s0"
+    run.mkdir()
+    (run / "config.yaml").write_text("fed:\n  rounds: 20\n")
+    rows = [
+        {
+            "round": rnd,
+            "eval": {"adapfu/exact_match": 0.0, "adapfu/perplexity": ppl, "adapemu/perplexity": 9.0},
+        }
+        for rnd, ppl in ((0, 3.7), (10, 3.4), (20, 3.5))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    curve = fedbiot_table.trajectory_summary([run], "exact_match")
+
+    assert list(curve["rounds"]) == ["0", "10", "20"] and curve["best_round"] == {"0": 10}
