@@ -383,7 +383,8 @@ def trajectory_markdown(cfg: Any, metric: str, curves: dict[str, dict[str, Any]]
                 for model, _ in MODELS:
                     value = cells.get(f"{model}/{name}")
                     factor = scale if name == metric else 1.0
-                    shown = "-" if value is None else sweep.plus_minus(value[0] * factor, value[1] * factor)
+                    std = value[1] * factor if value is not None and curve["seeds"] > 1 else None
+                    shown = "-" if value is None else sweep.plus_minus(value[0] * factor, std)
                     row.append(shown)
             rows.append(row)
         if curve["rounds"]:
