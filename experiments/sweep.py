@@ -330,7 +330,8 @@ def finish_log_x_grid(
     for ax in first:
         ax.set_ylabel(ylabel)
     handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
+    ncols = max(1, len(labels) if len(axes) > 1 else min(2, len(labels)))  # one panel: two a line, to fit
+    figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
     figure.suptitle(title, fontsize=10)
     return save_figure(figure, path)
 
