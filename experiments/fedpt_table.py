@@ -265,29 +265,29 @@ def layer_count(model: str) -> int:
 def held_out_perplexity(model: str) -> float | None:
     """The model's perplexity on the held-out public texts of `fedtune models derive`: a derived model's
     own (after its distillation), or, for a model others were derived from, the teacher's there."""
-    from fedtune.models.loading import derived_path
+    from fedtune.models.loading import DERIVED_DIR, DERIVED_MARKER, derived_path
     from fedtune.models.zoo import default_cache_dir
 
     own = derived_path(model)
     if own is not None:
-        return float(json.loads((own / "derive.json").read_text())["student_ppl_after"])
-    for info in sorted((default_cache_dir() / "derived").glob("*/derive.json")):
+        return float(json.loads((own / DERIVED_MARKER).read_text())["student_ppl_after"])
+    for info in sorted((default_cache_dir() / DERIVED_DIR).glob(f"*/{DERIVED_MARKER}")):
         saved = json.loads(info.read_text())
         if saved.get("source") == model:
             return float(saved["teacher_ppl"])
     return None
 
 
-def study_root(args: Any, cfg: Any, model: str) -> Path:
+def study_root(args: Any, cfg: Any, model: str, layers: int) -> Path:
     """The config's own small model runs under the table's directory, another under ``<name>-l<layers>``."""
-    name = cfg.name if model == cfg.model.name else f"{cfg.name}-l{layer_count(model)}"
-    return Path(args.runs_dir) / name
+    return Path(args.runs_dir) / (cfg.name if model == cfg.model.name else f"{cfg.name}-l{layers}")
 
 
 def small_model_study(args: Any, cfg: Any, command: str) -> None:
     """FedAvg (small) and FedPT with each of ``--small-models`` as the clients' model (the large model
     stays the config's); the large model itself as the small one is FedAvg (large), FedPT's target."""
-    roots = {model: study_root(args, cfg, model) for model in args.small_models}
+    layers = {model: layer_count(model) for model in args.small_models}
+    roots = {model: study_root(args, cfg, model, layers[model]) for model in args.small_models}
     if not args.table_only:
         runs = {
             roots[model] / method: run_overrides(method, cfg, [*args.set, f"model.name={model}"])
@@ -298,7 +298,7 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
     sets = test_sets(cfg)
     results: dict[str, Any] = {}
     for model, root in roots.items():
-        entry: dict[str, Any] = {"layers": layer_count(model), "held_out_ppl": held_out_perplexity(model)}
+        entry: dict[str, Any] = {"layers": layers[model], "held_out_ppl": held_out_perplexity(model)}
         for method in STUDY_METHODS:
             final = sweep.last_evaluated(sweep.finished_rows(root / method))
             if final is not None:
