@@ -87,22 +87,25 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
     """Run name -> overrides for one dataset and setting (the centralized and LLM-on-public runs are
     shared).
 
-    Only the FedMKT run evaluates before training (its round 0 is the Zero-shot row): every other
-    run starts from the same untuned models, so its round 0 would repeat that evaluation.
+    Only the FedMKT run evaluates before training (its round 0 is the Zero-shot row) and after every
+    round (its trajectory over rounds): every other run starts from the same untuned models, so its
+    round 0 would repeat that evaluation, and it evaluates after its last round only.
     """
     base = DATASETS[dataset] + settings(cfg)[setting]
+    # the table reads their last round only: evaluating the others would cost and change nothing
+    after = [*AFTER_ONLY, f"eval.every={cfg.fed.rounds}"]
     out = {
         f"{dataset}-{setting}-fedmkt": base,
-        f"{dataset}-{setting}-standalone": [*base, "fed.mode=standalone", *AFTER_ONLY],
+        f"{dataset}-{setting}-standalone": [*base, "fed.mode=standalone", *after],
     }
     if setting == "homo":
-        fedavg = [*base, *FEDIT, f"model.name={cfg.fedmkt.clients[0]}", *AFTER_ONLY]
+        fedavg = [*base, *FEDIT, f"model.name={cfg.fedmkt.clients[0]}", *after]
         out[f"{dataset}-homo-fedavg"] = fedavg
     if setting == "one":
-        out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false", *AFTER_ONLY]
-    centralized = [*DATASETS[dataset], *CENTRALIZED, *AFTER_ONLY]
+        out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false", *after]
+    centralized = [*DATASETS[dataset], *CENTRALIZED, *after]
     out[f"{dataset}-centralized-llm"] = centralized
-    out[f"{dataset}-llmpublic"] = [*DATASETS[dataset], *LLM_PUBLIC, *AFTER_ONLY]
+    out[f"{dataset}-llmpublic"] = [*DATASETS[dataset], *LLM_PUBLIC, *after]
     for name in slms(cfg, setting):
         out[f"{dataset}-centralized-{name}"] = [*centralized, f"model.name={name}"]
     return out

@@ -43,7 +43,8 @@ def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path)
 def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
     from types import SimpleNamespace
 
-    cfg = SimpleNamespace(fedmkt=SimpleNamespace(clients=["a", "b", "a2", "b2"]))
+    clients = SimpleNamespace(clients=["a", "b", "a2", "b2"])
+    cfg = SimpleNamespace(fedmkt=clients, fed=SimpleNamespace(rounds=5))
     assert fedmkt_table.settings(cfg) == {
         "hetero": [],
         "hetero2": ["fedmkt.clients=[a,b]"],
@@ -59,6 +60,10 @@ def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
     assert "fed.mode=centralized" in runs["wic-centralized-a2"]
     assert not [o for o in runs["wic-centralized-a2"] if o.startswith("algorithm=")]
     assert "fedmkt.lam=1" in runs["wic-llmpublic"]
+    # FedMKT evaluates every round (its trajectory); the others only after their last round
+    assert not [o for o in runs["wic-hetero-fedmkt"] if o.startswith("eval.")]
+    for name in set(runs) - {"wic-hetero-fedmkt"}:
+        assert {"eval.before=false", "eval.every=5"} <= set(runs[name]), name
 
 
 def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:
