@@ -27,7 +27,9 @@ over the clients holding it. The table gives mean ± std over seeds, MB up / dow
 peak RSS of the simulation's one process (it holds the LLM and every SLM; a client process of its
 own is measured by ``bench/fedmkt_memory.py``), and checks the paper's ordering (SLMs: Zero-shot <
 Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed;
-``table-<config>.png`` shows the same cells with each seed as a dot. Runs are subprocesses,
+``table-<config>.png`` shows the same cells with each seed as a dot. With more than one round,
+``rounds-<config>`` (.md, .json, .png) gives every round of the FedMKT runs: the LLM's and each SLM's
+score, and how many public samples DualMinCE selected for the LLM and for the SLMs. Runs are subprocesses,
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
 ``--set`` changes the config before the settings do (a run's own overrides win): with ``name=`` it
 gives a table and runs directory of their own, e.g. for a larger LLM beside the same SLMs.
@@ -81,6 +83,11 @@ def settings(cfg: Any) -> dict[str, list[str]]:
         "homo": [f"fedmkt.clients=[{first}]"],
         "one": [f"fedmkt.clients=[{first}]", "data.partition.num_clients=1"],
     }
+
+
+def metric_of(cfg: Any, dataset: str) -> str:
+    """The metric a dataset's cells hold: Rouge-L for instruction following, else the config's first."""
+    return "rougeL" if dataset == "instruct" else str(cfg.eval.metrics[0])
 
 
 def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
@@ -152,17 +159,114 @@ def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) 
     row = sweep.last_evaluated(rows, metric) if rnd is None else (evaluated or [None])[-1]
     if row is None:
         return None
-    out = {"llm": row["eval"][metric]}
-    by_client = row.get("eval_by_client", {})
-    for name, clients in holders(cfg, setting, run_dir).items():
-        values = [by_client[c][metric] for c in clients if c in by_client]
-        if values:
-            out[name] = float(np.mean(values))
+    out = model_scores(row, holders(cfg, setting, run_dir), metric)
     trained = sweep.trained_rows(rows)
     out["mb_up"] = sweep.per_round_mb(trained, "bytes_up")
     out["mb_down"] = sweep.per_round_mb(trained, "bytes_down")
     out["client_peak_mb"] = max(float(r.get("client_peak_mem_mb", 0.0)) for r in trained)
     return out
+
+
+def model_scores(row: dict[str, Any], held: dict[str, list[str]], metric: str) -> dict[str, float]:
+    """A metrics row's LLM score and each SLM's (the mean over the clients holding it, ``held``)."""
+    out = {"llm": float(row["eval"][metric])} if metric in row.get("eval", {}) else {}
+    by_client = row.get("eval_by_client", {})
+    for name, clients in held.items():
+        values = [by_client[c][metric] for c in clients if metric in by_client.get(c, {})]
+        if values:
+            out[name] = float(np.mean(values))
+    return out
+
+
+SELECTED = {"llm_kd_selected": "LLM", "slm_kd_selected": "SLM (mean)"}
+
+
+def over_rounds(
+    cfg: Any, root: Path, dataset: str, setting: str, seeds: list[int], metric: str
+) -> dict[str, Any]:
+    """Round -> column -> seed -> value of the finished FedMKT runs: the LLM's and each SLM's score, and how
+    many public samples DualMinCE kept for the LLM's distillation (``llm_kd_selected``) and, the mean
+    over clients, for an SLM's (``slm_kd_selected``)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for seed in seeds:
+        run_dir = root / f"{dataset}-{setting}-fedmkt-s{seed}"
+        rows = sweep.finished_rows(run_dir)
+        held = holders(cfg, setting, run_dir) if rows else {}
+        for row in rows:
+            cells = model_scores(row, held, metric)
+            cells.update({key: float(row[key]) for key in SELECTED if key in row})
+            for column, value in cells.items():
+                out.setdefault(str(row["round"]), {}).setdefault(column, {})[str(seed)] = value
+    return out
+
+
+def rounds_markdown(cfg: Any, curves: dict[str, Any], command: str) -> str:
+    """Per dataset and setting, every round of the FedMKT runs: scores and the samples selected."""
+    parts = [
+        f"# FedMKT over rounds: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
+        "",
+        f"Round 0 is before any training (the table's Zero-shot row), round {cfg.fed.rounds} the table's "
+        f"FedMKT row. Selected: how many of the {cfg.fedmkt.public_examples} public samples DualMinCE kept "
+        "for the distillation, the LLM's (from all clients' knowledge) and an SLM's (from the LLM's, the "
+        "mean over clients).",
+        "",
+    ]
+    for key, by_round in curves.items():
+        dataset, setting = key.rsplit("-", 1)
+        names = slms(cfg, setting)
+        rows = [
+            [
+                rnd,
+                *(sweep.cell(cells.get(n), 1, 100.0) for n in ["llm", *names]),
+                *(sweep.cell(cells.get(k), 1) for k in SELECTED),
+            ]
+            for rnd, cells in by_round.items()
+        ]
+        header = ["round", "LLM", *names, *(f"selected: {label}" for label in SELECTED.values())]
+        parts += [f"## {dataset}, {setting}", "", sweep.markdown_table(header, rows), ""]
+    parts.append(f"Command: `{command}`")
+    return "\n".join(parts)
+
+
+def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
+    """Per dataset and setting, two panels over rounds: each model's score, and the samples selected
+    (mean over seeds, each seed a faint dot)."""
+    from matplotlib.figure import Figure
+
+    if not curves:
+        return None
+    figure = Figure(figsize=(1.0 + 4.4 * len(curves), 6.6), layout="constrained")
+    grid = figure.subplots(2, len(curves), squeeze=False)
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    for index, (key, by_round) in enumerate(curves.items()):
+        top, bottom = grid[0][index], grid[1][index]
+        setting = key.rsplit("-", 1)[1]
+        series = [("llm", "LLM", 100.0, top)] + [(n, n, 100.0, top) for n in slms(cfg, setting)]
+        series += [(k, f"selected: {label}", 1.0, bottom) for k, label in SELECTED.items()]
+        for number, (column, label, scale, ax) in enumerate(series):
+            points = [(int(r), c[column]) for r, c in by_round.items() if column in c]
+            if not points:
+                continue
+            xs = [x for x, _ in points]
+            colour = colours[number % len(colours)]
+            ax.plot(
+                xs,
+                [scale * float(np.mean(list(v.values()))) for _, v in points],
+                "-o",
+                color=colour,
+                label=label,
+            )
+            dots = [(x, scale * value) for x, v in points for value in v.values()]
+            ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.4)
+        top.set_title(key.replace("-", ", "), fontsize=9)
+        bottom.set_xlabel("round")
+        for ax in (top, bottom):
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7, frameon=False)
+    grid[0][0].set_ylabel("score x 100 (acc or Rouge-L)")
+    grid[1][0].set_ylabel(f"public samples selected (of {cfg.fedmkt.public_examples})")
+    figure.suptitle(f"{cfg.name}: FedMKT over rounds; dots: each seed", fontsize=10)
+    return sweep.save_figure(figure, path)
 
 
 def fedit_score(run_dir: Path, metric: str) -> float | None:
@@ -281,7 +385,6 @@ def markdown(
 ) -> tuple[str, dict[str, Any]]:
     """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> seed -> value
     (and ``carried``: ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
-    metric = cfg.eval.metrics[0]
     parts = [
         f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
         "",
@@ -289,7 +392,7 @@ def markdown(
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
-        data_metric = "rougeL" if dataset == "instruct" else metric
+        data_metric = metric_of(cfg, dataset)
         for setting in chosen:
             key = f"{dataset}-{setting}"
             names = slms(cfg, setting)
@@ -407,6 +510,20 @@ def main(argv: list[str] | None = None) -> None:
     figure = plot(cfg, results, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
+    if cfg.fed.rounds > 1:
+        curves = {
+            f"{dataset}-{setting}": over_rounds(
+                cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset)
+            )
+            for dataset in args.datasets
+            for setting in args.settings
+        }
+        curves = {key: by_round for key, by_round in curves.items() if by_round}
+        stem = args.results_dir / f"rounds-{cfg.name}"
+        sweep.write_table(stem, rounds_markdown(cfg, curves, command), str(args.config), command, curves)
+        figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
+        if figure is not None:
+            print(f"plot: {figure}")
 
 
 if __name__ == "__main__":

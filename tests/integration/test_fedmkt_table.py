@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from experiments import fedmkt_table
 
@@ -164,3 +165,43 @@ def test_equal_means_are_a_tie_whatever_the_float_order_of_summing() -> None:
     }
     (line,) = fedmkt_table.ordering(table, [])
     assert line == "- LLM: Zero-shot 36.8 < FedMKT 36.8: **tie**, in 1 of 3 seeds"
+
+
+def test_rounds_file_gives_every_round_of_the_fedmkt_run_with_the_samples_selected(tmp_path: Path) -> None:
+    """At more than one round the script writes ``rounds-<config>``: each round's scores of the LLM and
+    the SLMs as the run's metrics rows hold them, and the public samples selected for each side."""
+    from fedtune.config import load_config
+
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    extra = ["fed.rounds=2", "eval.max_new_tokens=4"]
+    cfg = load_config(config, extra)
+    runs_dir, results_dir = tmp_path / "runs", tmp_path / "results"
+    jobs = fedmkt_table.planned(cfg, ["instruct"], ["hetero2"], [0], extra)
+    run_dir = runs_dir / cfg.name / "instruct-hetero2-fedmkt-s0"
+    fedmkt_table.sweep.run(config, jobs[run_dir.name], run_dir)
+    argv = [str(config), "--runs-dir", str(runs_dir), "--results-dir", str(results_dir), "--table-only"]
+    fedmkt_table.main(
+        [*argv, "--settings", "hetero2", "--datasets", "instruct", *(f"--set={o}" for o in extra)]
+    )
+
+    saved = json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]["instruct-hetero2"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(saved, key=int) == ["0", "1", "2"]
+    for row in rows:
+        cells = saved[str(row["round"])]
+        assert cells["llm"] == {"0": row["eval"]["rougeL"]}
+        first = cfg.fedmkt.clients[0]  # held by c00 and c02 of the four clients
+        clients = [row["eval_by_client"][c]["rougeL"] for c in ("c00", "c02")]
+        assert cells[first]["0"] == pytest.approx(sum(clients) / 2)
+        if row["round"] > 0:
+            assert cells["llm_kd_selected"] == {"0": row["llm_kd_selected"]}
+            assert cells["slm_kd_selected"] == {"0": row["slm_kd_selected"]}
+    text = (results_dir / "rounds-fedmkt-tiny.md").read_text()
+    assert "## instruct, hetero2" in text and "| selected: LLM |" in text.replace(
+        "selected: LLM | sel", "selected: LLM |"
+    )
+    assert (results_dir / "rounds-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
+    # at one round there is nothing over rounds to show
+    one = ["--set=fed.rounds=1", "--results-dir", str(tmp_path / "one")]
+    fedmkt_table.main([*argv, "--settings", "hetero2", "--datasets", "instruct", *one])
+    assert not (tmp_path / "one" / "rounds-fedmkt-tiny.md").exists()
