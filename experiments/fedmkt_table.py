@@ -17,8 +17,8 @@ normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed
   clients' private data and the public set, for the LLM and for each SLM (one run each, shared by the
   settings);
 - ``llmpublic``: the LLM on the public set only (``fedmkt.lam=1``: its loss is the public set's CE, the
-  SLMs' knowledge does not reach it), shared by the settings: what FedMKT's LLM gains over it is what
-  the SLMs' knowledge adds;
+  SLMs' knowledge does not reach it, so every client holds the first SLM), shared by the settings: what
+  FedMKT's LLM gains over it is what the SLMs' knowledge adds;
 - ``fedavg`` (homo only): FedIT of the SLM's LoRA;
 - ``llm2slm`` (one only): FedMKT with the LLM frozen (``fedmkt.llm_learns=false``);
 - ``fedmkt``: the method.
@@ -112,7 +112,10 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
         out[f"{dataset}-one-llm2slm"] = [*base, "fedmkt.llm_learns=false", *after]
     centralized = [*DATASETS[dataset], *CENTRALIZED, *after]
     out[f"{dataset}-centralized-llm"] = centralized
-    out[f"{dataset}-llmpublic"] = [*DATASETS[dataset], *LLM_PUBLIC, *after]
+    # lam 1: nothing of the SLMs reaches the LLM, so every client holds the first SLM (the cheapest fleet,
+    # and no derived model needed)
+    public_only = [*DATASETS[dataset], *LLM_PUBLIC, f"fedmkt.clients=[{cfg.fedmkt.clients[0]}]"]
+    out[f"{dataset}-llmpublic"] = [*public_only, *after]
     for name in slms(cfg, setting):
         out[f"{dataset}-centralized-{name}"] = [*centralized, f"model.name={name}"]
     return out

@@ -60,7 +60,7 @@ def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
     # the paper's Centralized: FedMKT's own mode (private data + the public set), not FedIT's
     assert "fed.mode=centralized" in runs["wic-centralized-a2"]
     assert not [o for o in runs["wic-centralized-a2"] if o.startswith("algorithm=")]
-    assert "fedmkt.lam=1" in runs["wic-llmpublic"]
+    assert {"fedmkt.lam=1", "fedmkt.clients=[a]"} <= set(runs["wic-llmpublic"])
     # FedMKT evaluates every round (its trajectory); the others only after their last round
     assert not [o for o in runs["wic-hetero-fedmkt"] if o.startswith("eval.")]
     for name in set(runs) - {"wic-hetero-fedmkt"}:
