@@ -263,7 +263,9 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
             ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.4)
         top.set_title(key.replace("-", ", "), fontsize=9)
         bottom.set_xlabel("round")
+        bottom.set_ylim(0, cfg.fedmkt.public_examples)
         for ax in (top, bottom):
+            ax.set_xticks(sorted(int(r) for r in by_round))
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, frameon=False)
     grid[0][0].set_ylabel("score x 100 (acc or Rouge-L)")
