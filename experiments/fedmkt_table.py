@@ -73,6 +73,7 @@ LLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.slm_learns=false", "eval.personal=false", 
 
 
 SETTINGS = ["hetero", "hetero2", "homo", "one"]
+COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]  # the LLM, then each SLM, in both plots
 
 
 def settings(cfg: Any) -> dict[str, list[str]]:
@@ -99,7 +100,6 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
     round 0 would repeat that evaluation, and it evaluates after its last round only.
     """
     base = DATASETS[dataset] + settings(cfg)[setting]
-    # the table reads their last round only: evaluating the others would cost and change nothing
     after = [*AFTER_ONLY, f"eval.every={cfg.fed.rounds}"]
     out = {
         f"{dataset}-{setting}-fedmkt": base,
@@ -240,7 +240,6 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
         return None
     figure = Figure(figsize=(1.0 + 4.4 * len(curves), 6.6), layout="constrained")
     grid = figure.subplots(2, len(curves), squeeze=False)
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
     for index, (key, by_round) in enumerate(curves.items()):
         top, bottom = grid[0][index], grid[1][index]
         setting = key.rsplit("-", 1)[1]
@@ -251,7 +250,7 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
             if not points:
                 continue
             xs = [x for x, _ in points]
-            colour = colours[number % len(colours)]
+            colour = COLOURS[number % len(COLOURS)]
             ax.plot(
                 xs,
                 [scale * float(np.mean(list(v.values()))) for _, v in points],
@@ -463,7 +462,6 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         return None
     figure, axes, first = sweep.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
     markers = ["o", "s", "^", "D", "v"]
     for ax, key in zip(axes, panels, strict=True):
         table = results[key]
@@ -476,7 +474,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
                 ax,
                 [x + shift for x in range(len(rows))],
                 columns,
-                colour=colours[index % len(colours)],
+                colour=COLOURS[index % len(COLOURS)],
                 marker=markers[index % len(markers)],
                 label="LLM" if model == "llm" else model,
             )
@@ -493,6 +491,21 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         ax.set_ylabel("score x 100 (acc or Rouge-L)")
     figure.suptitle(f"{cfg.name}: mean ± std over seeds; faint dots: each seed", fontsize=10)
     return sweep.save_figure(figure, path)
+
+
+def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
+    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for."""
+    curves = {
+        f"{dataset}-{setting}": over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
+        for dataset in args.datasets
+        for setting in args.settings
+    }
+    curves = {key: by_round for key, by_round in curves.items() if by_round}
+    stem = args.results_dir / f"rounds-{cfg.name}"
+    sweep.write_table(stem, rounds_markdown(cfg, curves, command), str(args.config), command, curves)
+    figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
+    if figure is not None:
+        print(f"plot: {figure}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -516,19 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     if figure is not None:
         print(f"plot: {figure}")
     if cfg.fed.rounds > 1:
-        curves = {
-            f"{dataset}-{setting}": over_rounds(
-                cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset)
-            )
-            for dataset in args.datasets
-            for setting in args.settings
-        }
-        curves = {key: by_round for key, by_round in curves.items() if by_round}
-        stem = args.results_dir / f"rounds-{cfg.name}"
-        sweep.write_table(stem, rounds_markdown(cfg, curves, command), str(args.config), command, curves)
-        figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
-        if figure is not None:
-            print(f"plot: {figure}")
+        write_rounds(cfg, args, root, command)
 
 
 if __name__ == "__main__":
