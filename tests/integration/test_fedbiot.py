@@ -15,7 +15,7 @@ from fedtune.algorithms.fedbiot import ClientCacheMiss, FedBiOT
 from fedtune.algorithms.fedbiot.client import fit
 from fedtune.eval.evaluate import EvalSet
 from fedtune.fl.federation import ClientContext
-from fedtune.fl.payload import Payload
+from fedtune.fl.payload import Payload, arrays
 from fedtune.models.loading import load_causal_lm
 from fedtune.models.surgery import layer_state, non_layer_parameters
 from fedtune.progress import RunProgress
@@ -145,6 +145,24 @@ def test_proximal_term_keeps_the_adapter_near_the_broadcast(tmp_path: Path) -> N
 
     free, held = drift(0.0), drift(10.0)
     assert 0 < held < 0.9 * free
+
+
+def test_round_logs_how_far_the_clients_moved_the_adapter(tmp_path: Path) -> None:
+    # adapter_shift: the mean over the round's replies of ||adapter sent up - adapter sent down||_2;
+    # adapter_shift_pct: the same in percent of the adapter sent down's norm. Recomputed from the wire;
+    # the runner keeps two decimals of a round's statistics.
+    cfg = tiny_config("fedbiot", "fed.rounds=2")
+    history, seen = _run_and_tap(cfg, tmp_path / "run")
+    for rnd in (1, 2):
+        down = {c: arrays(p, "adapter/") for d, c, r, p in seen if d == "down" and r == rnd}
+        up = {c: arrays(p, "adapter/") for d, c, r, p in seen if d == "up" and r == rnd}
+        assert up and set(up) <= set(down)
+        sent = next(iter(down.values()))
+        shifts = [np.sqrt(sum(np.sum((up[c][k] - sent[k]) ** 2.0) for k in sent)) for c in up]
+        scale = np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in sent.values()))
+        assert history[rnd]["adapter_shift"] == pytest.approx(np.mean(shifts), abs=0.0051)
+        assert history[rnd]["adapter_shift_pct"] == pytest.approx(100 * np.mean(shifts) / scale, abs=0.0051)
+        assert history[rnd]["adapter_shift"] > 0
 
 
 def test_lora_adapter_mode_sends_only_lora_factors_up(tmp_path: Path) -> None:

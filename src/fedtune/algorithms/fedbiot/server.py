@@ -43,6 +43,7 @@ from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.broadcast import VersionedBroadcast, load_npz, save_npz
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
+from fedtune.fl.privacy import update_norm
 from fedtune.models.surgery import (
     LayerSplit,
     build_emulator,
@@ -203,6 +204,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             if client not in replies:
                 self.broadcast.forget(client)
         adapters = [arrays(r, ADAPTER) for r in replies.values()]
+        shift = adapter_shift(adapters, self.global_adapter)
         average = self.aggregate(adapters, weights, reference=self.global_adapter)
         self.global_adapter = {k: np.asarray(v, dtype=np.float32) for k, v in average.items()}
         extra = {
@@ -212,6 +214,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         }
         if align.steps:
             extra.update(align_loss=align.loss, align_mse=align.mse, align_kl=align.kl)
+        extra.update(shift)
         return fit_round_result(sampled, replies, weights, extra)
 
     def _align(self, rnd: int) -> AlignStats:
@@ -315,6 +318,21 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         load_layer_state(
             emulator, state["emulator"], split.emulator, split.emulator_positions(), what="checkpoint"
         )
+
+
+def adapter_shift(adapters: list[dict[str, np.ndarray]], sent: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """How far the round's clients moved the adapter: the mean L2 norm of (reply - ``sent``), absolute
+    (``adapter_shift``) and in percent of the norm of ``sent`` (``adapter_shift_pct``: the runner keeps
+    two decimals of a round's statistics, too few for a ratio near 1e-3); {} without replies.
+
+    The proximal term (eps/2)||theta - theta_sent||^2 acts on exactly this distance, so the two read
+    together say whether eps can matter at the run's local budget.
+    """
+    if not adapters:
+        return {}
+    shift = float(np.mean([update_norm(adapter, sent) for adapter in adapters]))
+    scale = update_norm(sent, {key: np.zeros_like(value) for key, value in sent.items()})
+    return {"adapter_shift": shift, "adapter_shift_pct": 100.0 * shift / scale if scale > 0 else 0.0}
 
 
 def _load_cached_init(places: list[Path], digest: str, emulator: Any, split: LayerSplit) -> AlignStats | None:
