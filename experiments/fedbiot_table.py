@@ -105,6 +105,16 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
         out["mb_down_per_round"] = sweep.per_round_mb(rows, "bytes_down", 2**20)
         out["mb_up_per_round"] = sweep.per_round_mb(rows, "bytes_up", 2**20)
         out["emulator_sends"] = int(sum(r.get("emulator_sends", 0) for r in rows))
+    # How far the clients moved the adapter (what the proximal term acts on): per seed the mean over
+    # the trained rounds, then mean ± std over seeds; runs that predate the metric have none.
+    for key in ("adapter_shift", "adapter_shift_pct"):
+        shifts = {
+            sweep.seed_of(d): float(np.mean(values))
+            for d in done
+            if (values := [r[key] for r in sweep.trained_rows(sweep.read_rows(d)) if key in r])
+        }
+        if shifts:
+            out |= sweep.over_seeds(key, shifts)
         info_path = done[0] / "artifacts" / "fedbiot.json"
         if info_path.is_file():
             info = json.loads(info_path.read_text())
@@ -526,6 +536,8 @@ def ablation_markdown(
             _fmt(r, f"adapfu/{metric}", 100),
             _fmt(r, "adapemu/perplexity"),
             _fmt(r, "adapfu/perplexity"),
+            _fmt(r, "adapter_shift", 1, 0),
+            _fmt(r, "adapter_shift_pct", 1, 0),
             str(r["seeds"]),
         ]
         for name, r in results.items()
@@ -538,8 +550,23 @@ def ablation_markdown(
             f"`{command}`",
             "",
             sweep.markdown_table(
-                ["variant", "overrides", "AdapEmu", "AdapFu", "AdapEmu ppl", "AdapFu ppl", "seeds"], rows
+                [
+                    "variant",
+                    "overrides",
+                    "AdapEmu",
+                    "AdapFu",
+                    "AdapEmu ppl",
+                    "AdapFu ppl",
+                    "adapter shift (L2)",
+                    "adapter shift (% of its norm)",
+                    "seeds",
+                ],
+                rows,
             ),
+            "",
+            "Adapter shift: how far a client moved the adapter it was sent, the L2 norm of the",
+            "difference, mean over the round's clients and the trained rounds (the distance eps's",
+            "proximal term acts on).",
         ]
     )
 

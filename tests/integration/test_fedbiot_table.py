@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from experiments import fedbiot_table
 
+from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
 
@@ -106,3 +108,38 @@ def test_trajectory_best_round_breaks_a_metric_tie_by_perplexity(tmp_path: Path)
     curve = fedbiot_table.trajectory_summary([run], "exact_match")
 
     assert list(curve["rounds"]) == ["0", "10", "20"] and curve["best_round"] == {"0": 10}
+
+
+def test_summary_reads_the_adapter_shift_over_trained_rounds_and_seeds(tmp_path: Path) -> None:
+    runs = []
+    traffic = {"bytes_up": 1, "bytes_down": 2, "eval": {}}
+    for seed, shifts in ((0, (0.1, 0.3)), (1, (0.4, 0.6))):
+        run = tmp_path / f"ablation-eps0-s{seed}"
+        run.mkdir()
+        (run / "config.yaml").write_text("fed:\n  rounds: 2\n")
+        rows: list[dict[str, object]] = [{"round": 0}]
+        rows += [
+            {"round": rnd, "adapter_shift": shift, "adapter_shift_pct": 10 * shift, **traffic}
+            for rnd, shift in enumerate(shifts, start=1)
+        ]
+        rows[-1]["eval"] = {"adapemu/rougeL": 0.2, "adapfu/rougeL": 0.3}
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        runs.append(run)
+
+    summary = fedbiot_table.summarise(runs, "rougeL")
+
+    # per seed the mean over rounds 1-2 (0.2 and 0.5), then the mean over seeds
+    assert summary["adapter_shift_by_seed"] == {"0": pytest.approx(0.2), "1": pytest.approx(0.5)}
+    assert summary["adapter_shift"] == pytest.approx(0.35)
+    assert summary["adapter_shift_pct"] == pytest.approx(3.5)
+    table = fedbiot_table.ablation_markdown(
+        load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml"),
+        "rougeL",
+        {"eps0": ["fedbiot.prox_eps=0"]},
+        {"eps0": summary},
+        "cmd",
+    )
+    assert (
+        "| eps0 | fedbiot.prox_eps=0 | 20.00 ± 0.00 | 30.00 ± 0.00 | - | - | 0.35 ± 0.15 | 3.50 ± 1.50 | 2 |"
+        in table
+    )
