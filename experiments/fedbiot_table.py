@@ -246,7 +246,8 @@ def plot(
     from matplotlib.figure import Figure
 
     scale = 100.0 if metric != "perplexity" else 1.0
-    figure = Figure(figsize=(4.6 * len(dropouts), 3.6), layout="constrained")
+    # At least 6.4 inches wide: one dropout's panel alone is narrower than the title.
+    figure = Figure(figsize=(max(6.4, 4.6 * len(dropouts)), 3.6), layout="constrained")
     axes = figure.subplots(1, len(dropouts), squeeze=False, sharey=True)[0]
     methods = [m for m in LABELS if any(f"{m}-d{d}" in results for d in dropouts)]
     for ax, d in zip(axes, dropouts, strict=True):
