@@ -21,7 +21,8 @@ emulator model = embeddings + E + A + final norm + head, and train only A.
 - **Evaluation**: both outputs at every eval round: AdapEmu (A + E, metric prefix ``adapemu/``) and
   AdapFu (A + E*, i.e. the adapter plugged back into the full model, prefix ``adapfu/``).
 - **Metrics row**: ``adapter_shift`` (the mean over the replies of ||A sent up - A sent down||_2) and
-  ``adapter_shift_pct`` (the same in percent of ||A sent down||): the distance the proximal term acts on.
+  ``adapter_shift_pct`` (the same in percent of ||A sent down||): the distance the proximal term acts on;
+  not logged under secure aggregation, where the server never sees one client's adapter.
 
 Baselines: **FedOT** = ``split: first_last`` (adapter = first 2 + last 2 layers), ``align_steps: 0``
 (emulator fixed after the initial distillation), ``prox_eps: 0``, ``align_lambda: 0`` (their emulator

@@ -323,14 +323,16 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
 def adapter_shift(adapters: list[dict[str, np.ndarray]], sent: Mapping[str, np.ndarray]) -> dict[str, float]:
     """How far the round's clients moved the adapter: the mean L2 norm of (reply - ``sent``), absolute
     (``adapter_shift``) and in percent of the norm of ``sent`` (``adapter_shift_pct``: the runner keeps
-    two decimals of a round's statistics, too few for a ratio near 1e-3); {} without replies.
+    two decimals of a round's statistics, too few for a ratio near 1e-3); {} when no reply carries the
+    adapter (no replies, or secure aggregation: the server never sees one client's adapter).
 
     The proximal term (eps/2)||theta - theta_sent||^2 acts on exactly this distance, so the two read
     together say whether eps can matter at the run's local budget.
     """
-    if not adapters:
+    seen = [adapter for adapter in adapters if adapter and sent.keys() <= adapter.keys()]
+    if not seen:
         return {}
-    shift = float(np.mean([update_norm(adapter, sent) for adapter in adapters]))
+    shift = float(np.mean([update_norm(adapter, sent) for adapter in seen]))
     scale = update_norm(sent, {key: np.zeros_like(value) for key, value in sent.items()})
     return {"adapter_shift": shift, "adapter_shift_pct": 100.0 * shift / scale if scale > 0 else 0.0}
 
