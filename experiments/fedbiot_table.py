@@ -107,11 +107,12 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
         out["emulator_sends"] = int(sum(r.get("emulator_sends", 0) for r in rows))
     # How far the clients moved the adapter (what the proximal term acts on): per seed the mean over
     # the trained rounds, then mean ± std over seeds; runs that predate the metric have none.
+    trained = {sweep.seed_of(d): sweep.trained_rows(sweep.read_rows(d)) for d in done}
     for key in ("adapter_shift", "adapter_shift_pct"):
         shifts = {
-            sweep.seed_of(d): float(np.mean(values))
-            for d in done
-            if (values := [r[key] for r in sweep.trained_rows(sweep.read_rows(d)) if key in r])
+            seed: float(np.mean(values))
+            for seed, seed_rows in trained.items()
+            if (values := [r[key] for r in seed_rows if key in r])
         }
         if shifts:
             out |= sweep.over_seeds(key, shifts)

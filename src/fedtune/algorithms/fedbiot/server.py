@@ -333,7 +333,7 @@ def adapter_shift(adapters: list[dict[str, np.ndarray]], sent: Mapping[str, np.n
     if not seen:
         return {}
     shift = float(np.mean([update_norm(adapter, sent) for adapter in seen]))
-    scale = update_norm(sent, {key: np.zeros_like(value) for key, value in sent.items()})
+    scale = float(np.sqrt(sum(np.sum(np.square(value, dtype=np.float64)) for value in sent.values())))
     return {"adapter_shift": shift, "adapter_shift_pct": 100.0 * shift / scale if scale > 0 else 0.0}
 
 
