@@ -95,15 +95,26 @@ def run_overrides(row: str, suffix: str, seed: int, extra: list[str]) -> list[st
 def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
     finals: dict[str, dict[str, Any]] = {}
+    curves: dict[str, dict[int, float]] = {}
     for run_dir in run_dirs:
-        final = sweep.last_evaluated(sweep.finished_rows(run_dir), "accuracy")
+        rows = sweep.finished_rows(run_dir)
+        final = sweep.last_evaluated(rows, "accuracy")
         if final is not None:
             finals[sweep.seed_of(run_dir)] = final["eval"]
+            curves[sweep.seed_of(run_dir)] = {
+                r["round"]: 100 * r["eval"]["accuracy"]
+                for r in sweep.trained_rows(rows)
+                if "accuracy" in (r.get("eval") or {})
+            }
     out: dict[str, Any] = {"seeds": len(finals)}
     if not finals:
         return out
     for key in ("accuracy", "macro_f1", "sub/accuracy"):
         out |= sweep.over_seeds(key, {seed: 100 * metrics[key] for seed, metrics in finals.items()})
+    evaluated = sorted(set.intersection(*(set(curve) for curve in curves.values())))
+    out["accuracy_by_round"] = {  # the mean over seeds at each round every finished seed evaluated
+        str(rnd): sweep.mean_std(curve[rnd] for curve in curves.values())[0] for rnd in evaluated
+    }
     out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
     done = next(d for d in run_dirs if sweep.seed_of(d) in finals)
     rounds = sweep.trained_rows(sweep.read_rows(done))
@@ -360,11 +371,35 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             f"Chosen lr (highest mean validation accuracy over the rows and settings): {chosen:g}"
             if chosen is not None
             else "No lr has every row finished yet.",
+            "",
+            *by_round_section(args, found, suffixes),
         ]
     )
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
     sweep.write_table(stem, text, cfg.name, command, results)
     plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
+    plot_lr_sweep_rounds(cfg, args, found, suffixes, sweep.sibling(stem, "-rounds.png"))
+
+
+def by_round_section(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> list[str]:
+    """Markdown lines: each row's validation accuracy at every evaluated round, one line per lr."""
+    rounds = sorted({int(r) for result in found.values() for r in result.get("accuracy_by_round", {})})
+    if not rounds:
+        return []
+    header = ["row", "setting", "lr", *[f"round {r}" for r in rounds]]
+    lines = []
+    for suffix in suffixes:
+        for row in args.rows:
+            for lr in args.lrs:
+                curve = found[(lr, row, suffix)].get("accuracy_by_round", {})
+                if curve:
+                    cells = [f"{curve[str(r)]:.1f}" if str(r) in curve else "-" for r in rounds]
+                    lines.append([LABELS[row], suffix, f"{lr:g}", *cells])
+    return [
+        "Validation accuracy (%) at each evaluated round (mean over seeds):",
+        "",
+        sweep.markdown_table(header, lines),
+    ]
 
 
 def plot_lr_sweep(
@@ -389,6 +424,28 @@ def plot_lr_sweep(
     title = f"{cfg.name}: {cfg.model.name}, learning-rate sweep"
     return sweep.finish_log_x_grid(
         figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path
+    )
+
+
+def plot_lr_sweep_rounds(
+    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], path: Path
+) -> Path | None:
+    """One panel per row and setting: validation accuracy against the round, one line per lr (mean over
+    seeds): whether a low lr is still climbing when the run ends, and whether a high one collapses."""
+    panels = [(row, suffix) for suffix in suffixes for row in args.rows]
+    curves = {key: result.get("accuracy_by_round", {}) for key, result in found.items()}
+    if not any(curves.values()):
+        return None
+    figure, axes, first = sweep.panel_grid(len(panels), 4.2, 3.2)
+    for ax, (row, suffix) in zip(axes, panels, strict=True):
+        for lr in args.lrs:
+            curve = curves[(lr, row, suffix)]
+            if curve:
+                ax.plot([int(r) for r in curve], list(curve.values()), marker="o", label=f"lr {lr:g}")
+        ax.set_title(f"{LABELS[row]}, {suffix}", fontsize=9)
+    title = f"{cfg.name}: {cfg.model.name}, validation accuracy by round"
+    return sweep.finish_grid(
+        figure, axes, first, xlabel="round", ylabel="validation accuracy (%)", title=title, path=path
     )
 
 

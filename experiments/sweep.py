@@ -325,6 +325,22 @@ def finish_log_x_grid(
     panels (from the first), the title; save to ``path``."""
     for ax in axes:
         ax.set_xscale("log")
+    return finish_grid(figure, axes, first, xlabel=xlabel, ylabel=ylabel, title=title, path=path)
+
+
+def finish_grid(
+    figure: Any,
+    axes: Sequence[Any],
+    first: Sequence[Any],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+) -> Path:
+    """Finish a `panel_grid` of curves: axis labels, grid, one legend under the panels (from the first),
+    the title; save to ``path``."""
+    for ax in axes:
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
     for ax in first:

@@ -96,3 +96,36 @@ def test_lr_sweep_scores_every_row_on_validation_and_picks_one_lr(tmp_path: Path
         in text
     )
     assert (tmp_path / "results" / "sweep-lr-fedpft-tiny.png").read_bytes().startswith(b"\x89PNG")
+    assert "Validation accuracy (%) at each evaluated round (mean over seeds):" in text
+    assert "| FedOT (layer drop) | lexclass-iid | 0.1 |" in text
+    assert (tmp_path / "results" / "sweep-lr-fedpft-tiny-rounds.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_accuracy_by_round_is_the_mean_over_finished_seeds_at_rounds_all_of_them_evaluated(
+    tmp_path: Path,
+) -> None:
+    def fake_run(name: str, accuracies: dict[int, float], rounds: int = 10) -> Path:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"fed": {"rounds": rounds}}))
+        rows = [{"round": 0}]
+        for rnd in range(1, rounds + 1):
+            row: dict[str, object] = {"round": rnd, "bytes_up": 10, "bytes_down": 20, "peak_rss_mb": 1.0}
+            if rnd in accuracies:
+                row["eval"] = {"accuracy": accuracies[rnd], "macro_f1": 0.1, "sub/accuracy": 0.0}
+            rows.append(row)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return run_dir
+
+    seeds = [
+        fake_run("x-s0", {5: 0.2, 10: 0.4}),
+        fake_run("x-s1", {3: 0.9, 5: 0.3, 10: 0.5}),  # round 3 evaluated in one seed only: left out
+        fake_run("x-s2", {5: 0.9, 10: 0.9}, rounds=12),  # unfinished (10 of 12 rounds): left out
+    ]
+    for run_dir in seeds[2:]:
+        rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+        (run_dir / "metrics.jsonl").write_text("\n".join(rows[:11]) + "\n")
+    summary = fedpft_table.summarise(seeds)
+    assert summary["seeds"] == 2
+    assert summary["accuracy_by_round"] == {"5": 25.0, "10": 45.0}
+    assert summary["accuracy"] == 45.0
