@@ -422,8 +422,8 @@ def plot_lr_sweep(
                 )
         ax.set_title(suffix)
     title = f"{cfg.name}: {cfg.model.name}, learning-rate sweep"
-    return sweep.finish_log_x_grid(
-        figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path
+    return sweep.finish_grid(
+        figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path, log_x=True
     )
 
 

@@ -377,8 +377,8 @@ def plot_small_model_study(
         ax.set_title(label)
     title = f"{cfg.name}: FedPT against the small model's quality"
     xlabel = "small model's held-out perplexity"
-    return sweep.finish_log_x_grid(
-        figure, axes, first, xlabel=xlabel, ylabel="Rouge-L", title=title, path=path
+    return sweep.finish_grid(
+        figure, axes, first, xlabel=xlabel, ylabel="Rouge-L", title=title, path=path, log_x=True
     )
 
 

@@ -311,23 +311,6 @@ def seed_markers(
         ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
 
 
-def finish_log_x_grid(
-    figure: Any,
-    axes: Sequence[Any],
-    first: Sequence[Any],
-    *,
-    xlabel: str,
-    ylabel: str,
-    title: str,
-    path: Path,
-) -> Path:
-    """Finish a `panel_grid` of curves against a log x axis: axis labels, grid, one legend under the
-    panels (from the first), the title; save to ``path``."""
-    for ax in axes:
-        ax.set_xscale("log")
-    return finish_grid(figure, axes, first, xlabel=xlabel, ylabel=ylabel, title=title, path=path)
-
-
 def finish_grid(
     figure: Any,
     axes: Sequence[Any],
@@ -337,10 +320,13 @@ def finish_grid(
     ylabel: str,
     title: str,
     path: Path,
+    log_x: bool = False,
 ) -> Path:
-    """Finish a `panel_grid` of curves: axis labels, grid, one legend under the panels (from the first),
-    the title; save to ``path``."""
+    """Finish a `panel_grid` of curves (against a log x axis with ``log_x``): axis labels, grid, one
+    legend under the panels (from the first), the title; save to ``path``."""
     for ax in axes:
+        if log_x:
+            ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
     for ax in first:
