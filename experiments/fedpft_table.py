@@ -96,10 +96,12 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
     finals: dict[str, dict[str, Any]] = {}
     curves: dict[str, dict[int, float]] = {}
+    first: tuple[Path, list[Any]] | None = None  # the first finished run and its rows
     for run_dir in run_dirs:
         rows = sweep.finished_rows(run_dir)
         final = sweep.last_evaluated(rows, "accuracy")
         if final is not None:
+            first = first or (run_dir, rows)
             finals[sweep.seed_of(run_dir)] = final["eval"]
             curves[sweep.seed_of(run_dir)] = {
                 r["round"]: 100 * r["eval"]["accuracy"]
@@ -107,7 +109,7 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
                 if "accuracy" in (r.get("eval") or {})
             }
     out: dict[str, Any] = {"seeds": len(finals)}
-    if not finals:
+    if first is None:
         return out
     for key in ("accuracy", "macro_f1", "sub/accuracy"):
         out |= sweep.over_seeds(key, {seed: 100 * metrics[key] for seed, metrics in finals.items()})
@@ -116,8 +118,8 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         str(rnd): sweep.mean_std(curve[rnd] for curve in curves.values())[0] for rnd in evaluated
     }
     out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
-    done = next(d for d in run_dirs if sweep.seed_of(d) in finals)
-    rounds = sweep.trained_rows(sweep.read_rows(done))
+    done, done_rows = first
+    rounds = sweep.trained_rows(done_rows)
     out["mb_up_per_round"] = sweep.per_round_mb(rounds, "bytes_up")
     out["mb_down_per_round"] = sweep.per_round_mb(rounds, "bytes_down")
     out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
