@@ -272,7 +272,7 @@ def plot(
     axes[0].set_ylabel(f"{metric}{' (%)' if scale == 100.0 else ''}")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
-    figure.suptitle(f"{cfg.name}: {cfg.model.name}, mean ± std over seeds")
+    sweep.suptitle(figure, f"{cfg.name}: {cfg.model.name}, mean ± std over seeds", fontsize=None)
     return sweep.save_figure(figure, path)
 
 
@@ -460,7 +460,7 @@ def plot_trajectory(cfg: Any, metric: str, curves: dict[str, dict[str, Any]], pa
             ax.grid(True, alpha=0.3)
     handles, labels = grid[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
-    figure.suptitle(f"{cfg.name}: {cfg.model.name}, AdapEmu and AdapFu over rounds")
+    sweep.suptitle(figure, f"{cfg.name}: {cfg.model.name}, AdapEmu and AdapFu over rounds", fontsize=None)
     return sweep.save_figure(figure, path)
 
 

@@ -269,7 +269,7 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
             ax.legend(fontsize=7, frameon=False)
     grid[0][0].set_ylabel("score x 100 (acc or Rouge-L)")
     grid[1][0].set_ylabel(f"public samples selected (of {cfg.fedmkt.public_examples})")
-    figure.suptitle(f"{cfg.name}: FedMKT over rounds; dots: each seed", fontsize=10)
+    sweep.suptitle(figure, f"{cfg.name}: FedMKT over rounds; dots: each seed")
     return sweep.save_figure(figure, path)
 
 
@@ -489,7 +489,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         ax.legend(fontsize=7, frameon=False)
     for ax in first:
         ax.set_ylabel("score x 100 (acc or Rouge-L)")
-    figure.suptitle(f"{cfg.name}: mean ± std over seeds; faint dots: each seed", fontsize=10)
+    sweep.suptitle(figure, f"{cfg.name}: mean ± std over seeds; faint dots: each seed")
     return sweep.save_figure(figure, path)
 
 

@@ -277,7 +277,7 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
-    figure.suptitle(title, fontsize=10)
+    sweep.suptitle(figure, title)
     return sweep.save_figure(figure, path)
 
 

@@ -334,8 +334,20 @@ def finish_grid(
     handles, labels = axes[0].get_legend_handles_labels()
     ncols = max(1, len(labels) if len(axes) > 1 else min(2, len(labels)))  # one panel: two a line, to fit
     figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
-    figure.suptitle(title, fontsize=10)
+    suptitle(figure, title)
     return save_figure(figure, path)
+
+
+def suptitle(figure: Any, text: str, fontsize: float | None = 10) -> None:
+    """Title ``figure`` with ``text``, widening the figure where the title is wider than it (one narrow
+    panel under a long title), so the title is never cut at the edges. ``fontsize`` None: matplotlib's."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    title = figure.suptitle(text) if fontsize is None else figure.suptitle(text, fontsize=fontsize)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    needed = title.get_window_extent(renderer=renderer).width / figure.dpi + 0.3  # inches, with a margin
+    if needed > figure.get_figwidth():
+        figure.set_figwidth(needed)
 
 
 def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:

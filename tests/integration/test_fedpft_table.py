@@ -129,3 +129,28 @@ def test_accuracy_by_round_is_the_mean_over_finished_seeds_at_rounds_all_of_them
     assert summary["seeds"] == 2
     assert summary["accuracy_by_round"] == {"5": 25.0, "10": 45.0}
     assert summary["accuracy"] == 45.0
+
+
+def test_a_one_panel_plot_is_wide_enough_for_its_title(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    def result(by_seed: dict[str, float]) -> dict[str, object]:
+        return {"seeds": len(by_seed), "constant": False, "accuracy_by_seed": by_seed}
+
+    results = {
+        f"{row}-lexclass-iid": result({"0": 40.0 + i, "1": 41.0 + i})
+        for i, row in enumerate(("fedot", "fedpft", "fedpetuning"))
+    }
+    cfg = SimpleNamespace(
+        name="fedpft-minilm-distill-r30", model=SimpleNamespace(name="sentence-transformers/all-MiniLM-L6-v2")
+    )
+    path = fedpft_table.plot(cfg, results, ["lexclass-iid"], tmp_path / "one.png")
+
+    assert path is not None
+    from matplotlib.image import imread
+
+    pixels = imread(path)  # rows x columns x RGBA in [0, 1]
+    top = pixels[: pixels.shape[0] // 10, :, :3]  # the title's strip
+    assert (top < 0.5).any(), "no title drawn"
+    # A title wider than the figure is cut at both edges: ink in the outermost columns.
+    assert (top[:, :3] > 0.9).all() and (top[:, -3:] > 0.9).all(), "the title runs off the figure"
