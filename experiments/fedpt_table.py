@@ -2,6 +2,7 @@
 
     python experiments/fedpt_table.py configs/paper/fedpt-smollm2.yaml  # run what is missing, tabulate
     python experiments/fedpt_table.py configs/paper/fedpt-smollm2.yaml --table-only
+    python experiments/fedpt_table.py configs/paper/fedpt-smollm2.yaml --seeds 0 1 2 --jobs 2  # 3 seeds
 
 Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``):
 - ``fedavg_small``: FedIT on the small model (``algorithm=fedit fedpt=null``);
@@ -9,7 +10,11 @@ Methods (each a normal run directory under ``--runs-dir/<config name>/<method>``
   evaluated before training too: its round 0 is **Base (large)**;
 - ``fedavg_pt``: FedPT without the distillation step (``fedpt.distill=false``);
 - ``fedpt``: FedPT.
-Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
+A training seed other than the config's runs under ``<method>-s<seed>`` with ``seed=<seed>`` (client
+sampling, data order, LoRA init); the config's own seed keeps ``<method>``. With one training seed a
+cell's ± is the std over the evaluation's sampling seeds; with several it is the std over the training
+seeds of each one's mean over its sampling seeds, and each ordering says in how many training seeds it
+holds. Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
 an out-of-memory kill loses only that method; rerunning resumes unfinished runs and skips finished ones.
 
 Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
@@ -120,24 +125,66 @@ def test_sets(cfg: Any) -> list[tuple[str, str]]:
     return [(primary, "")] + [(name, f"{name}/") for name in cfg.eval.extra_datasets]
 
 
-def tabulate(cfg: Any, runs: dict[str, Path], memory: dict[str, dict[str, float]]) -> dict[str, Any]:
-    rows = {method: sweep.finished_rows(path) for method, path in runs.items()}
+def seed_run_dir(root: Path, method: str, seed: int, cfg: Any) -> Path:
+    """A method's run for one training seed: ``<method>`` for the config's seed, else ``<method>-s<seed>``."""
+    return root / (method if seed == cfg.seed else f"{method}-s{seed}")
+
+
+def seed_overrides(seed: int, cfg: Any) -> list[str]:
+    return [] if seed == cfg.seed else [f"seed={seed}"]
+
+
+def over_training_seeds(by_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One evaluation from each training seed's (seed -> eval): one seed's as it is (its ``_std`` are over
+    sampling seeds); several: each metric's mean and, as ``_std``, its std over the training seeds, and
+    ``<metric>_by_seed``. The alpha study (validation, per seed) is kept only for one seed."""
+    if len(by_seed) == 1:
+        return dict(next(iter(by_seed.values())))
+    seeds = sorted(by_seed, key=int)
+    keys = [k for k in by_seed[seeds[0]] if not k.endswith("_std") and not k.startswith("alpha_study/")]
+    combined: dict[str, Any] = {}
+    for key in keys:
+        values = {seed: by_seed[seed][key] for seed in seeds if key in by_seed[seed]}
+        if key == "alpha":
+            combined["alpha_by_seed"] = values
+        elif len(values) == len(seeds):
+            combined.update(sweep.over_seeds(key, values))
+    return combined
+
+
+def tabulate(
+    cfg: Any, runs: dict[str, dict[int, Path]], memory: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """Per method (and Base (large), FedAvg (large)'s round 0): the final evaluation over the training
+    seeds whose run finished (``over_training_seeds``), the client model, bytes and memory."""
     results: dict[str, dict[str, Any]] = {}
-    large_rows = rows.get("fedavg_large", [])
-    if large_rows and large_rows[0].get("eval"):
-        results["base_large"] = {"eval": large_rows[0]["eval"], "client_model": "-", "total_mb": 0.0}
-    for method, method_rows in rows.items():
-        final = sweep.last_evaluated(method_rows)
-        if final is None:
+    base: dict[str, dict[str, Any]] = {}
+    for method, seed_runs in runs.items():
+        finals: dict[str, dict[str, Any]] = {}
+        mbs: list[float] = []
+        for seed, path in seed_runs.items():
+            method_rows = sweep.finished_rows(path)
+            final = sweep.last_evaluated(method_rows)
+            if final is None:
+                continue
+            finals[str(seed)] = final["eval"]
+            mbs.append(total_mb(method_rows))
+            if method == "fedavg_large" and method_rows[0].get("eval"):
+                base[str(seed)] = method_rows[0]["eval"]
+        if not finals:
             continue
         client_model = cfg.fedpt.large_model if method == "fedavg_large" else cfg.model.name
         results[method] = {
-            "eval": final["eval"],
+            "eval": over_training_seeds(finals),
+            "training_seeds": sorted(finals, key=int),
             "client_model": client_model,
-            "total_mb": total_mb(method_rows),
-            "rounds": max(row["round"] for row in method_rows),
+            "total_mb": sum(mbs) / len(mbs),
+            "rounds": cfg.fed.rounds,
             "memory": memory.get(client_model, {}),
         }
+    if base:
+        entry = {"eval": over_training_seeds(base), "training_seeds": sorted(base, key=int)}
+        results = {"base_large": {**entry, "client_model": "-", "total_mb": 0.0}, **results}
     return results
 
 
@@ -145,10 +192,20 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
     sets = test_sets(cfg)
     header = ["method", "client model", "client params", "client peak RSS (batch 1)", "total comm."]
     header += [f"Rouge-L {label}" for label, _ in sets] + ["Dist-3", "Dist-4"]
+    header += [f"test ppl {label}" for label, _ in sets]
+    seeds = max((len(res.get("training_seeds", [])) for res in results.values()), default=0)
+    spread = (
+        f"mean ± std over {seeds} training seeds (each seed: the mean over its sampling seeds)"
+        if seeds > 1
+        else "one training seed; ± is the std over the evaluation's sampling seeds"
+    )
     lines = [
         f"# FedPT Table 1 structure: `{cfg.name}`",
         "",
         f"`{command}` — {now()}",
+        "",
+        f"Rouge-L and Dist-n: {spread}. Test ppl: deterministic perplexity of the method's output model "
+        "on the test set's references.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -167,9 +224,16 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
         ]
         cells += [_fmt(res["eval"], prefix + "rougeL") for _, prefix in sets]
         cells += [_fmt(res["eval"], "dist3"), _fmt(res["eval"], "dist4")]
+        cells += [_fmt_ppl(res["eval"], prefix + "perplexity") for _, prefix in sets]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", ordering_note(results, sets)]
+    if seeds > 1:
+        lines += ["", "Rouge-L per training seed:", "", *per_seed_table(results, sets)]
     for method in ("fedavg_pt", "fedpt"):
+        alphas = results.get(method, {}).get("eval", {}).get("alpha_by_seed")
+        if alphas:
+            chosen = ", ".join(f"seed {seed}: {alpha}" for seed, alpha in alphas.items())
+            lines += ["", f"alpha chosen on validation ({LABELS[method]}): {chosen}"]
         study = {
             k.split("/", 1)[1]: v
             for k, v in results.get(method, {}).get("eval", {}).items()
@@ -183,6 +247,27 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
                 + f" -> alpha {results[method]['eval'].get('alpha')}",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _fmt_ppl(metrics: dict[str, Any], key: str) -> str:
+    std = metrics.get(f"{key}_std") if f"{key}_by_seed" in metrics else None
+    return sweep.plus_minus(metrics[key], std, 2) if key in metrics else "-"
+
+
+def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list[str]:
+    """Each method's Rouge-L per training seed, a column per seed and test set."""
+    seeds = sorted({s for res in results.values() for s in res.get("training_seeds", [])}, key=int)
+    header = ["method"] + [f"{label} s{seed}" for label, _ in sets for seed in seeds]
+    rows = []
+    for method in ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt"):
+        if method in results:
+            evaluation = results[method]["eval"]
+            cells = [LABELS[method]]
+            for _, prefix in sets:
+                by_seed = evaluation.get(f"{prefix}rougeL_by_seed", {})
+                cells += [f"{by_seed[seed]:.4f}" if seed in by_seed else "-" for seed in seeds]
+            rows.append(cells)
+    return sweep.markdown_table(header, rows).splitlines()
 
 
 def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
@@ -208,13 +293,19 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
             else:
                 holds = abs(gap) <= max(noise, 0.01) * 2 if relation == "~" else gap >= -noise
                 verdict = "holds" if holds else "does not hold"
-            parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f})")
-        notes.append(f"- {label}: " + "; ".join(parts))
+            count = ""
+            columns = [results[m]["eval"].get(f"{prefix}rougeL_by_seed") for m in (a, b)]
+            if relation != "~" and all(columns):
+                held, total = sweep.seeds_holding(columns, strict=relation == "<")  # type: ignore[arg-type]
+                count = f"; in {held} of {total} training seeds"
+            parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f}{count})")
+        if parts:
+            notes.append(f"- {label}: " + "; ".join(parts))
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, seeds=False, jobs=False)
+    parser = sweep.table_parser(__doc__)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
     parser.add_argument(
@@ -230,12 +321,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg = sweep.load_config(args)
     if args.small_models:
+        if args.seeds != [cfg.seed]:
+            parser.error(f"--small-models runs the config's seed ({cfg.seed}) only; drop --seeds")
         small_model_study(args, cfg, sweep.command_line(__file__, argv))
         return
-    runs = {method: args.runs_dir / cfg.name / method for method in args.methods}
+    root = args.runs_dir / cfg.name
+    runs = {m: {seed: seed_run_dir(root, m, seed, cfg) for seed in args.seeds} for m in args.methods}
     if not args.table_only:
-        overrides = {run_dir: run_overrides(m, cfg, args.set) for m, run_dir in runs.items()}
-        sweep.run_all(args.config, overrides, threads=None)
+        overrides = {
+            run_dir: run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)])
+            for m, seed_runs in runs.items()
+            for seed, run_dir in seed_runs.items()
+        }
+        sweep.run_all(args.config, overrides, jobs=args.jobs, threads=None if args.jobs == 1 else 1)
     memory: dict[str, dict[str, float]] = {}
     if not args.no_memory:
         for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):

@@ -45,3 +45,39 @@ def test_small_model_study_runs_each_client_model_and_measures_fedpt_against_fed
     text = (tmp_path / "results" / "study-small-fedpt-tiny.md").read_text()
     assert f"| {gap:+.4f} |" in text
     assert (tmp_path / "results" / "study-small-fedpt-tiny.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_training_seeds_run_apart_and_the_table_counts_the_seeds_each_ordering_holds_in(
+    tmp_path: Path,
+) -> None:
+    config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += ["--methods", "fedavg_small", "fedavg_pt", "fedpt", "--seeds", "0", "1", "--no-memory"]
+    argv += ["--set", "fed.rounds=1"]
+    fedpt_table.main(argv)
+    runs = tmp_path / "runs" / "fedpt-tiny"
+    # the config's seed (0) keeps the method's name; another seed runs as its own run with its seed
+    assert yaml.safe_load((runs / "fedpt" / "config.yaml").read_text())["seed"] == 0
+    assert yaml.safe_load((runs / "fedpt-s1" / "config.yaml").read_text())["seed"] == 1
+    results = json.loads((tmp_path / "results" / "table-fedpt-tiny.json").read_text())["results"]
+    fedpt = results["fedpt"]
+    assert fedpt["training_seeds"] == ["0", "1"]
+    by_seed = fedpt["eval"]["rougeL_by_seed"]
+    assert fedpt["eval"]["rougeL"] == (by_seed["0"] + by_seed["1"]) / 2
+    text = (tmp_path / "results" / "table-fedpt-tiny.md").read_text()
+    assert "mean ± std over 2 training seeds" in text
+    assert "FedAvg+PT <= FedPT: " in text and " of 2 training seeds)" in text
+    assert f"| FedPT | {by_seed['0']:.4f} | {by_seed['1']:.4f} |" in text
+
+
+def test_over_training_seeds_takes_the_std_over_seeds_and_keeps_one_seed_as_it_is() -> None:
+    one = {"rougeL": 0.2, "rougeL_std": 0.05, "alpha": 1.5, "alpha_study/1.0": 0.1}
+    assert fedpt_table.over_training_seeds({"0": one}) == one
+    two = fedpt_table.over_training_seeds(
+        {"0": one, "1": {"rougeL": 0.4, "rougeL_std": 0.01, "alpha": 2.0, "alpha_study/1.0": 0.3}}
+    )
+    assert abs(two["rougeL"] - 0.3) < 1e-12
+    assert abs(two["rougeL_std"] - 0.1) < 1e-12  # over the training seeds, not the sampling seeds
+    assert two["rougeL_by_seed"] == {"0": 0.2, "1": 0.4}
+    assert two["alpha_by_seed"] == {"0": 1.5, "1": 2.0} and "alpha" not in two
+    assert not any(key.startswith("alpha_study/") for key in two)
