@@ -242,11 +242,20 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
         if study:
             lines += [
                 "",
-                f"alpha study ({LABELS[method]}, validation Rouge-L, 1 sampling seed): "
+                f"alpha study ({LABELS[method]}, validation {search_metric(cfg)}): "
                 + ", ".join(f"alpha {a}: {v:.4f}" for a, v in study.items())
                 + f" -> alpha {results[method]['eval'].get('alpha')}",
             ]
     return "\n".join(lines) + "\n"
+
+
+def search_metric(cfg: Any) -> str:
+    """What the alpha search picked by, as the run's server does (`fedpt.alpha_search_metric`)."""
+    metric = cfg.fedpt.search_metric(cfg.eval.metrics)
+    if metric == "perplexity":
+        return "perplexity"
+    seeds = cfg.fedpt.alpha_search_seeds
+    return f"{'Rouge-L' if metric == 'rougeL' else metric}, {seeds} sampling seed{'' if seeds == 1 else 's'}"
 
 
 def _fmt_ppl(metrics: dict[str, Any], key: str) -> str:

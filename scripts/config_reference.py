@@ -127,6 +127,8 @@ NOTES: dict[str, str] = {
     "fedpt.large_dtype": "The large model's dtype.",
     "fedpt.alpha_search_seeds": "Sampling seeds per alpha candidate in the search.",
     "fedpt.alpha_search_examples": "Validation examples the search reads (`null`: all).",
+    "fedpt.alpha_search_metric": "The validation metric alpha is picked by (lowest perplexity, else highest "
+    "score); `null`: the first generation metric of `eval.metrics` (perplexity when it lists none).",
     "fedpt.alpha_grid": "The alpha values searched on the validation split.",
     "fedpt.alpha_search": "When alpha is searched: at the final round, every eval round or never.",
     "fedpt.kd_lambda": "Weight of the KL term in the distillation loss (1 - lambda on the CE term).",

@@ -168,6 +168,29 @@ def test_alpha_is_searched_on_validation_and_saved(tmp_path: Path) -> None:
     assert "small/rougeL" in final and "alpha_study/1" not in history[1].get("eval", {})
 
 
+def test_alpha_can_be_picked_by_validation_perplexity_without_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedtune.proxy import ProxyTunedLM
+
+    searching: list[bool] = []
+    generate = ProxyTunedLM.generate
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        searching.append(True)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProxyTunedLM, "generate", counted)
+    overrides = ["fedpt.alpha_grid=[0.0,1.0,2.0]", "fedpt.alpha_search_metric=perplexity"]
+    cfg = tiny_config("fedpt", *overrides, "eval.metrics=[perplexity]")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    final = history[-1]["eval"]
+    study = {k.split("/")[1]: v for k, v in final.items() if k.startswith("alpha_study/")}
+    assert set(study) == {"0", "1", "2"} and all(value > 1.0 for value in study.values())  # perplexities
+    assert final["alpha"] == float(min(study, key=lambda a: study[a]))
+    assert not searching  # neither the search nor a perplexity-only evaluation decodes
+
+
 def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
     """LoRA B starts at zero, so tuned == base and the proxy is the large model itself."""
     from fedtune.decode.generate import generate_texts

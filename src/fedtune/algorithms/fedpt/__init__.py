@@ -30,7 +30,9 @@ Choices the paper leaves open:
 - The KL term runs over the shared vocabulary, the CE term over the small model's own.
 - alpha is an evaluation-time knob: ``alpha_grid`` is searched on the validation split at the
   final round (``alpha_search``), with ``alpha_search_seeds`` sampling seeds on the first
-  ``alpha_search_examples`` validation examples, and the best value decodes the test sets.
+  ``alpha_search_examples`` validation examples, and the best value decodes the test sets. It is
+  picked by ``alpha_search_metric`` (default: the first generation metric of ``eval.metrics``);
+  ``perplexity`` picks it deterministically from the proxy's labelled logits, decoding nothing.
   Round 0 (LoRA B = 0) is the base large model for any alpha.
 
 Layout: ``config`` (the ``fedpt:`` section), ``maths`` (eq. 5 and the teacher's parts), ``client``

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fedtune.config import AlgorithmConfig
+from fedtune.config import AlgorithmConfig, EvalMetric
 from fedtune.proxy.http_source import check_api_url, is_api_url
 
 
@@ -51,6 +52,9 @@ class FedPTConfig(AlgorithmConfig):
     alpha_search: Literal["final", "every", "never"] = "final"
     alpha_search_seeds: int = Field(1, ge=1)
     alpha_search_examples: int | None = Field(None, ge=1)
+    alpha_search_metric: EvalMetric | None = None
+    """The validation metric alpha is picked by (lowest perplexity, else highest score); null: the first
+    generation metric of `eval.metrics` (perplexity when it lists none)."""
     kd_lambda: float = Field(0.1, ge=0, le=1)
     kd_examples: int = Field(128, ge=1)
     kd_batch_size: int = Field(16, ge=1)
@@ -71,6 +75,11 @@ class FedPTConfig(AlgorithmConfig):
     # Also evaluate the proxy over the small model after the round's distillation (``distilled/``
     # metrics; the output of Alg. 1, evaluated without prefix, is the proxy over the aggregate before it).
     eval_distilled: bool = False
+
+    def search_metric(self, eval_metrics: Sequence[str]) -> str:
+        """The metric alpha is searched by: `alpha_search_metric`, else the first generation metric of
+        ``eval_metrics`` (perplexity when there is none)."""
+        return self.alpha_search_metric or next((m for m in eval_metrics if m != "perplexity"), "perplexity")
 
     @field_validator("large_model")
     @classmethod

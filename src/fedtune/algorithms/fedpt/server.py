@@ -234,8 +234,9 @@ class FedPT(Algorithm[FedPTConfig]):
     def _search_alpha(self, rnd: int, server: ServerContext) -> float:
         """The best of ``alpha_grid`` on the first ``alpha_search_examples`` validation records."""
         sec: FedPTConfig = self.section
-        settings = self.cfg.eval.model_copy(update={"seeds": sec.alpha_search_seeds})
-        metric = next((m for m in settings.metrics if m != "perplexity"), "perplexity")
+        metric = sec.search_metric(self.cfg.eval.metrics)
+        # only the metric searched by: perplexity alone decodes nothing (deterministic and cheap)
+        settings = self.cfg.eval.model_copy(update={"seeds": sec.alpha_search_seeds, "metrics": [metric]})
         scores: dict[str, float] = {}
         records = server.validation_records[: sec.alpha_search_examples]
         for candidate in sec.alpha_grid:
