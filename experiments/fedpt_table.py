@@ -114,9 +114,9 @@ def total_mb(rows: list[dict[str, Any]]) -> float:
     return sum(row.get("bytes_up", 0) + row.get("bytes_down", 0) for row in rows) / 2**20
 
 
-def _fmt(metrics: dict[str, float], key: str) -> str:
-    """The run's mean over its sampling seeds, ± their std where the run has one."""
-    return sweep.plus_minus(metrics[key], metrics.get(f"{key}_std"), 4) if key in metrics else "-"
+def _fmt(metrics: dict[str, float], key: str, digits: int = 4) -> str:
+    """The mean, ± its std where there is one (over sampling seeds, or over training seeds)."""
+    return sweep.plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
 
 
 def test_sets(cfg: Any) -> list[tuple[str, str]]:
@@ -224,7 +224,7 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
         ]
         cells += [_fmt(res["eval"], prefix + "rougeL") for _, prefix in sets]
         cells += [_fmt(res["eval"], "dist3"), _fmt(res["eval"], "dist4")]
-        cells += [_fmt_ppl(res["eval"], prefix + "perplexity") for _, prefix in sets]
+        cells += [_fmt(res["eval"], prefix + "perplexity", 2) for _, prefix in sets]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", ordering_note(results, sets)]
     if seeds > 1:
@@ -256,11 +256,6 @@ def search_metric(cfg: Any) -> str:
         return "perplexity"
     seeds = cfg.fedpt.alpha_search_seeds
     return f"{'Rouge-L' if metric == 'rougeL' else metric}, {seeds} sampling seed{'' if seeds == 1 else 's'}"
-
-
-def _fmt_ppl(metrics: dict[str, Any], key: str) -> str:
-    std = metrics.get(f"{key}_std") if f"{key}_by_seed" in metrics else None
-    return sweep.plus_minus(metrics[key], std, 2) if key in metrics else "-"
 
 
 def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list[str]:

@@ -301,3 +301,10 @@ def test_the_output_is_alg1s_proxy_of_the_aggregate_before_its_distillation(tmp_
     assert proxy.evaluate(records).metrics["perplexity"] == pytest.approx(
         final["distilled/perplexity"], rel=1e-4
     )
+
+
+def test_alpha_search_metric_that_cannot_score_the_proxy_is_a_config_error() -> None:
+    from fedtune.config import ConfigError
+
+    with pytest.raises(ConfigError, match="alpha_search_metric"):
+        tiny_config("fedpt", "fedpt.alpha_search_metric=acc")

@@ -7,8 +7,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fedtune.config import AlgorithmConfig, EvalMetric
+from fedtune.config import AlgorithmConfig
 from fedtune.proxy.http_source import check_api_url, is_api_url
+
+SearchMetric = Literal[
+    "rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1", "perplexity"
+]
 
 
 class FedPTConfig(AlgorithmConfig):
@@ -52,7 +56,8 @@ class FedPTConfig(AlgorithmConfig):
     alpha_search: Literal["final", "every", "never"] = "final"
     alpha_search_seeds: int = Field(1, ge=1)
     alpha_search_examples: int | None = Field(None, ge=1)
-    alpha_search_metric: EvalMetric | None = None
+    # the proxy is scored by generation or perplexity; multiple-choice metrics do not apply to it
+    alpha_search_metric: SearchMetric | None = None
     """The validation metric alpha is picked by (lowest perplexity, else highest score); null: the first
     generation metric of `eval.metrics` (perplexity when it lists none)."""
     kd_lambda: float = Field(0.1, ge=0, le=1)
