@@ -298,14 +298,14 @@ def test_distilling_on_every_built_in_public_split(tmp_path: Path, monkeypatch: 
     task of each (only their texts are read)."""
     import json
 
-    from fedtune.algorithms.fedpft import server
+    from fedtune.data import loaders
     from fedtune.data.builtin import list_builtin, load_all_public
 
     corpus = load_all_public()
     public = {info.name: info.splits["public"] for info in list_builtin() if "public" in info.splits}
     assert len(corpus) == sum(public.values()) and len({r.category for r in corpus}) > 10
     served: list[int] = []
-    monkeypatch.setattr(server, "load_all_public", lambda: served.append(len(corpus)) or corpus)
+    monkeypatch.setattr(loaders, "load_all_public", lambda: served.append(len(corpus)) or corpus)
     cfg = tiny_config("fedpft", "fed.rounds=1", "fedpft.public_dataset=all", "fedpft.public_examples=32")
     quiet_runner(cfg, tmp_path / "run").run()
     assert served == [len(corpus)]

@@ -108,6 +108,38 @@ def test_cache_modes_agree(tmp_path: Path) -> None:
     assert "cache" not in {p.name for p in (tmp_path / "recompute").iterdir()}
 
 
+def _kd_texts(algorithm: FedPT) -> set[tuple[int, ...]]:
+    return {
+        tuple(ids[mask.bool()].tolist())
+        for batch in algorithm._kd_batches
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+    }
+
+
+def test_the_public_set_can_be_another_dataset(tmp_path: Path) -> None:
+    """``fedpt.public_dataset``: the proxy is distilled on that dataset's public split (a shifted public
+    set), and the teacher cache is keyed by it; a bad name is an error naming the key."""
+    from fedtune.data.builtin import load_builtin
+    from fedtune.data.records import DataError
+    from fedtune.data.tokenize import encode_records
+
+    shifted = tiny_config("fedpt", "fedpt.public_dataset=arith-word-problems")
+    algorithm, _, server = _built(shifted, tmp_path / "shifted")
+    _, tokenizer = server.resources.lora_lm()
+    data = shifted.data
+    public = load_builtin("arith-word-problems", "public")
+    arith = encode_records(public, tokenizer, data.template, data.max_length)
+    texts = _kd_texts(algorithm)
+    assert len(texts) == shifted.fedpt.kd_examples and texts <= {tuple(ex.input_ids) for ex in arith}
+    default, _, _ = _built(tiny_config("fedpt"), tmp_path / "default")
+    assert not texts & _kd_texts(default)
+    assert algorithm._teacher is not None
+    meta = json.loads((algorithm._teacher.directory / "meta.json").read_text())
+    assert meta["public_dataset"] == "arith-word-problems"
+    with pytest.raises(DataError, match=r"fedpt\.public_dataset: .*arith-word-problem"):
+        _built(tiny_config("fedpt", "fedpt.public_dataset=arith-word-problem"), tmp_path / "bad")
+
+
 def test_fedavg_pt_baseline_does_not_distil(tmp_path: Path) -> None:
     cfg = tiny_config("fedpt", "fedpt.distill=false", "eval.before=false")
     history = quiet_runner(cfg, tmp_path / "run").run()

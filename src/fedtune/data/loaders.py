@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedtune.data.builtin import list_builtin, load_builtin
+from fedtune.data.builtin import ALL_PUBLIC, list_builtin, load_all_public, load_builtin
 from fedtune.data.code import HUMANEVAL, humaneval_records
 from fedtune.data.records import NO_LABEL, DataError, Record
 
@@ -89,6 +89,18 @@ def load_dataset_records(
             f"built-in: {', '.join([*builtins, HUMANEVAL])}"
         )
     return load_records(spec, format=format, schema=schema, split=split)
+
+
+def load_public_set(spec: str | None, default: Sequence[Record], *, key: str) -> list[Record]:
+    """The public set a server distils or aligns on, named by the config key ``key``: ``spec`` is a
+    built-in dataset (its ``public`` split), ``all`` (every built-in public split) or a file; none
+    keeps ``default``, the training dataset's public split. A bad name is an error naming ``key``."""
+    if not spec:
+        return list(default)
+    try:
+        return load_all_public() if spec == ALL_PUBLIC else load_dataset_records(spec, "public")
+    except DataError as err:
+        raise DataError(f"{key}: {err}") from err
 
 
 def _resolve_format(path: str | Path, format: str) -> str:

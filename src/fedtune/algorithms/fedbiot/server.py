@@ -37,7 +37,7 @@ from fedtune.algorithms.fedbiot.wire import (
     with_adapter_lora,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
-from fedtune.data.loaders import load_dataset_records
+from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.broadcast import VersionedBroadcast, load_npz, save_npz
@@ -128,7 +128,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
     def _public_batches(self, public: list[Record], tokenizer: Any) -> list[Batch]:
         """The public set the emulator is aligned on (``public_examples`` of it), batched."""
         section, data = self.section, self.cfg.data
-        records = load_dataset_records(section.public_dataset, "public") if section.public_dataset else public
+        records = load_public_set(section.public_dataset, public, key="fedbiot.public_dataset")
         if not records:
             raise DataError(
                 f"fedbiot aligns the emulator on a public set, but data.dataset {data.dataset!r} has no "

@@ -44,12 +44,11 @@ from fedtune.algorithms.fedpft.wire import (
     with_lora,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
-from fedtune.data.builtin import ALL_PUBLIC, load_all_public
 from fedtune.data.classify import (
     class_names,
     encode_classification,
 )
-from fedtune.data.loaders import load_dataset_records
+from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.broadcast import save_npz
@@ -139,12 +138,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
     def _public_batches(self, public: list[Record], tokenizer: Any) -> list[dict[str, torch.Tensor]]:
         """The public set the distillations run on (``public_examples`` of it), batched."""
         section, data = self.section, self.cfg.data
-        if section.public_dataset == ALL_PUBLIC:
-            records = load_all_public()
-        elif section.public_dataset:
-            records = load_dataset_records(section.public_dataset, "public")
-        else:
-            records = public
+        records = load_public_set(section.public_dataset, public, key="fedpft.public_dataset")
         if not records:
             raise DataError(
                 f"fedpft distils the sub-model on a public set, but data.dataset {data.dataset!r} "

@@ -61,6 +61,9 @@ class FedPTConfig(AlgorithmConfig):
     """The validation metric alpha is picked by (lowest perplexity, else highest score); null: the first
     generation metric of `eval.metrics` (perplexity when it lists none)."""
     kd_lambda: float = Field(0.1, ge=0, le=1)
+    public_dataset: str | None = None
+    """The public set the proxy is distilled on: a built-in dataset (its `public` split), `all` (every
+    built-in public split) or a file; null: the training dataset's public split."""
     kd_examples: int = Field(128, ge=1)
     kd_batch_size: int = Field(16, ge=1)
     kd_steps: int = Field(8, ge=1)

@@ -40,6 +40,7 @@ from fedtune.algorithms.fedpt.maths import (
     proxy_teacher,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
+from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
@@ -108,11 +109,12 @@ class FedPT(Algorithm[FedPTConfig]):
 
     def _public_batches(self, server: ServerContext) -> list[Batch]:
         sec: FedPTConfig = self.section
-        records = list(server.public_records)
+        records = load_public_set(sec.public_dataset, server.public_records, key="fedpt.public_dataset")
         if not records:
             raise DataError(
                 f"fedpt distils on a public set, but data.dataset {self.cfg.data.dataset!r} has no "
-                "'public' split; use a built-in dataset or set fedpt.distill=false (FedAvg+PT)"
+                "'public' split; set fedpt.public_dataset to a built-in dataset with one, or "
+                "fedpt.distill=false (FedAvg+PT)"
             )
         if len(records) > sec.kd_examples:
             records = random.Random(derive_seed(self.cfg.seed, "kd-sample")).sample(records, sec.kd_examples)
@@ -136,6 +138,7 @@ class FedPT(Algorithm[FedPTConfig]):
             "max_length": self.cfg.data.max_length,
             "template": self.cfg.data.template,
             "dataset": self.cfg.data.dataset,
+            "public_dataset": sec.public_dataset,
             "seed": self.cfg.seed,
             "vocab_width": self.vocab_width,
         }
