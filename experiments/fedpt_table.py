@@ -226,7 +226,8 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
         cells += [_fmt(res["eval"], "dist3"), _fmt(res["eval"], "dist4")]
         cells += [_fmt(res["eval"], prefix + "perplexity", 2) for _, prefix in sets]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", ordering_note(results, sets)]
+    note = ordering_note(results, sets)
+    lines += ["", note] if note else []
     if seeds > 1:
         lines += ["", "Rouge-L per training seed:", "", *per_seed_table(results, sets)]
     for method in ("fedavg_pt", "fedpt"):
@@ -305,6 +306,8 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
             parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f}{count})")
         if parts:
             notes.append(f"- {label}: " + "; ".join(parts))
+    if not notes:  # fewer methods than any ordering compares (--methods fedpt)
+        return ""
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 

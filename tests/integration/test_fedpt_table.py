@@ -81,3 +81,11 @@ def test_over_training_seeds_takes_the_std_over_seeds_and_keeps_one_seed_as_it_i
     assert two["rougeL_by_seed"] == {"0": 0.2, "1": 0.4}
     assert two["alpha_by_seed"] == {"0": 1.5, "1": 2.0} and "alpha" not in two
     assert not any(key.startswith("alpha_study/") for key in two)
+
+
+def test_a_table_of_one_method_has_no_empty_ordering_note() -> None:
+    sets = [("instruct", "")]
+    one = {"fedpt": {"eval": {"rougeL": 0.2, "rougeL_std": 0.01}}}
+    assert fedpt_table.ordering_note(one, sets) == ""
+    two = {**one, "fedavg_pt": {"eval": {"rougeL": 0.1, "rougeL_std": 0.01}}}
+    assert "FedAvg+PT <= FedPT: holds" in fedpt_table.ordering_note(two, sets)
