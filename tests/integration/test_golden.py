@@ -12,12 +12,17 @@ import pytest
 from tests.golden.cases import CASES, METRICS_FILE, run_case
 
 PINNED: dict[str, list[dict[str, Any]]] = json.loads(METRICS_FILE.read_text())
-# Other CPUs may pick other kernels; a real change moves a metric by far more than this.
-REL_TOL = 1e-6
+# Other CPUs and library builds pick other kernels: the same code has moved a tiny run's perplexity by
+# 1.1e-6 relative between machines. A real change moves a metric by far more than this.
+REL_TOL = 1e-5
+# Deflated payloads (FedMKT's and FedPT's logits) grow or shrink by a few bytes when the last bits of a
+# float move; a change of what travels (a field, a dtype, a shape) moves a tiny run's bytes by more.
+BYTES_REL_TOL = 1e-3
 
 
 def differences(pinned: Any, got: Any, path: str = "") -> list[str]:
-    """Where ``got`` departs from ``pinned``: exact for ints, strings and keys; REL_TOL for floats."""
+    """Where ``got`` departs from ``pinned``: exact for strings, keys and ints but byte counts
+    (BYTES_REL_TOL); REL_TOL for floats."""
     if isinstance(pinned, dict) and isinstance(got, dict):
         found = (
             [f"{path}: keys {sorted(set(pinned) ^ set(got))} differ"] if pinned.keys() != got.keys() else []
@@ -34,6 +39,9 @@ def differences(pinned: Any, got: Any, path: str = "") -> list[str]:
     if isinstance(pinned, float) and isinstance(got, float):
         same = math.isclose(pinned, got, rel_tol=REL_TOL, abs_tol=1e-12)
         return [] if same else [f"{path}: pinned {pinned!r}, got {got!r}"]
+    if path.rpartition(".")[2].startswith("bytes_") and type(pinned) is int and type(got) is int:
+        same = abs(pinned - got) <= BYTES_REL_TOL * abs(pinned)
+        return [] if same else [f"{path}: pinned {pinned!r}, got {got!r}"]
     return [] if pinned == got and type(pinned) is type(got) else [f"{path}: pinned {pinned!r}, got {got!r}"]
 
 
@@ -47,6 +55,15 @@ def test_differences_sees_a_moved_number() -> None:
     assert differences(pinned, [{"round": 1, "eval": {"rougeL": 0.2501}, "bytes_up": 100}])
     assert differences(pinned, [{"round": 1, "eval": {"rougeL": 0.25}, "bytes_up": 101}])
     assert differences(pinned, [{"round": 1, "eval": {"rougeL": 0.25}}])
+    assert differences(pinned, [{"round": 2, "eval": {"rougeL": 0.25}, "bytes_up": 100}])
+
+
+def test_differences_forgives_only_kernel_noise() -> None:
+    pinned = [{"round": 1, "eval": {"perplexity": 251.73996596507868}, "bytes_up": 15771}]
+    noise = [{"round": 1, "eval": {"perplexity": 251.74023671391436}, "bytes_up": 15772}]
+    assert differences(pinned, noise) == []
+    assert differences(pinned, [{"round": 1, "eval": {"perplexity": 251.75}, "bytes_up": 15771}])
+    assert differences(pinned, [{"round": 1, "eval": {"perplexity": 251.74}, "bytes_up": 15790}])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
