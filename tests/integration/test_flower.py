@@ -85,7 +85,10 @@ def test_supernode_killed_mid_round(deployment: LocalDeployment, tmp_path: Path)
         FEDTUNE_TEST_STALL_ROUND="2",
     )
     restart_node(deployment, 1, env)
-    cfg = tiny_config("fedit", *TWO_CLIENTS, "fed.rounds=3", "fed.client_timeout=30", "fed.min_replies=1")
+    # The timeout must also cover round 3's cold start of c01's new SuperNode and ClientApp (imports
+    # and all): 30 s fell short on a loaded 2-core machine. Round 2 rarely waits it out: the SuperLink
+    # sees the vanished node's heartbeat stop first.
+    cfg = tiny_config("fedit", *TWO_CLIENTS, "fed.rounds=3", "fed.client_timeout=90", "fed.min_replies=1")
     errors: list[BaseException] = []
 
     def run() -> None:
