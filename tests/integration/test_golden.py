@@ -38,11 +38,11 @@ def differences(pinned: Any, got: Any, path: str = "") -> list[str]:
         ]
     if isinstance(pinned, float) and isinstance(got, float):
         same = math.isclose(pinned, got, rel_tol=REL_TOL, abs_tol=1e-12)
-        return [] if same else [f"{path}: pinned {pinned!r}, got {got!r}"]
-    if path.rpartition(".")[2].startswith("bytes_") and type(pinned) is int and type(got) is int:
+    elif path.rpartition(".")[2].startswith("bytes_") and type(pinned) is int and type(got) is int:
         same = abs(pinned - got) <= BYTES_REL_TOL * abs(pinned)
-        return [] if same else [f"{path}: pinned {pinned!r}, got {got!r}"]
-    return [] if pinned == got and type(pinned) is type(got) else [f"{path}: pinned {pinned!r}, got {got!r}"]
+    else:
+        same = pinned == got and type(pinned) is type(got)
+    return [] if same else [f"{path}: pinned {pinned!r}, got {got!r}"]
 
 
 def test_every_case_is_pinned() -> None:
