@@ -52,7 +52,7 @@ def test_training_seeds_run_apart_and_the_table_counts_the_seeds_each_ordering_h
 ) -> None:
     config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
-    argv += ["--methods", "fedavg_small", "fedavg_pt", "fedpt", "--seeds", "0", "1", "--no-memory"]
+    argv += ["--methods", "fedavg_pt", "fedpt", "--seeds", "0", "1", "--no-memory"]
     argv += ["--set", "fed.rounds=1"]
     fedpt_table.main(argv)
     runs = tmp_path / "runs" / "fedpt-tiny"
