@@ -236,6 +236,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--validation-examples", type=int, default=96)
     parser.add_argument("--results-dir", type=Path, default=sweep.RESULTS_DIR)
     parser.add_argument("--table-only", action="store_true", help="rewrite the table from the results json")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the runs the results json already has (studied earlier) beside the ones given now",
+    )
     args = parser.parse_args(argv)
     stem = args.results_dir / f"alpha-{args.name}"
     command = sweep.command_line(__file__, argv)
@@ -245,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         setup_torch(1)
         results = [study_run(run_dir, args.grid, args.validation_examples) for run_dir in args.runs]
+        saved_json = sweep.sibling(stem, ".json")
+        if args.add and saved_json.is_file():
+            earlier = json.loads(saved_json.read_text())["results"]
+            studied = {r["run_dir"] for r in results}
+            results = [r for r in earlier if r["run_dir"] not in studied] + results
+            results.sort(key=lambda r: (r["method"] != "fedavg_pt", r["method"], int(r["seed"])))
     text = markdown(results, args.grid, command)
     sweep.write_table(stem, text, args.name, command, results)
     plot(

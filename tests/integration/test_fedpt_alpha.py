@@ -44,3 +44,9 @@ def test_the_study_recomputes_the_runs_test_perplexity_and_picks_the_lowest_vali
     (results_dir / "alpha-tiny.md").unlink()
     fedpt_alpha.main([*argv, "--results-dir", str(results_dir), "--table-only"])
     assert (results_dir / "alpha-tiny.md").read_text() == text
+
+    # --add keeps the runs studied earlier; a run studied again replaces its earlier entry
+    fedpt_alpha.main([*argv, "--validation-examples", "6", "--results-dir", str(results_dir), "--add"])
+    again = json.loads((results_dir / "alpha-tiny.json").read_text())["results"]
+    assert [r["run_dir"] for r in again] == [study["run_dir"]]
+    assert again[0]["perplexity_by_alpha"] == curves
