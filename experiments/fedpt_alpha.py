@@ -35,7 +35,7 @@ from bench.common import setup_torch
 
 from experiments import sweep
 
-GRID = (1.0, 1.3, 1.5, 1.8, 2.0, 2.5, 3.0, 4.0)
+GRID = (0.5, 0.8, 1.0, 1.3, 1.5, 1.8, 2.0, 2.5, 3.0)
 LABELS = {"fedavg_pt": "FedAvg+PT", "fedpt": "FedPT"}
 
 
