@@ -55,7 +55,7 @@ def recorded(run_dir: Path) -> dict[str, Any]:
 def study_run(run_dir: Path, grid: Sequence[float], validation_examples: int) -> dict[str, Any]:
     """One run's alpha study (see the module docstring)."""
     from fedtune.algorithms.base import derive_seed
-    from fedtune.algorithms.fedpt.final import evaluate_proxy, load_proxy_model
+    from fedtune.algorithms.fedpt.final import evaluate_proxy, load_proxy_model, proxy_perplexities
     from fedtune.rundata import prepare_data
 
     before = recorded(run_dir)
@@ -84,13 +84,19 @@ def study_run(run_dir: Path, grid: Sequence[float], validation_examples: int) ->
         )
         return dict(result.metrics)
 
-    curves: dict[str, dict[str, float]] = {"validation": {}}
-    for alpha in grid:
-        key = f"{alpha:g}"
-        curves["validation"][key] = evaluate(validation, alpha, ppl_only)["perplexity"]
-        for name, records in sets.items():
-            curves.setdefault(name or "test", {})[key] = evaluate(records, alpha, ppl_only)["perplexity"]
-        print(f"{run_dir}: alpha {key}: " + ", ".join(f"{k} ppl {v[key]:.3f}" for k, v in curves.items()))
+    curves: dict[str, dict[str, float]] = {}
+    for name, records in {"validation": validation, **{n or "test": r for n, r in sets.items()}}.items():
+        by_alpha = proxy_perplexities(
+            proxy,
+            tokenizer,
+            records,
+            grid,
+            ppl_only,
+            template=cfg.data.template,
+            max_length=cfg.data.max_length,
+        )
+        curves[name] = {f"{alpha:g}": value for alpha, value in by_alpha.items()}
+        print(f"{run_dir}: {name} perplexity by alpha: {curves[name]}", flush=True)
     picked = min(grid, key=lambda a: curves["validation"][f"{a:g}"])
     run_alpha = float(before["alpha"])
     if f"{picked:g}" == f"{run_alpha:g}":

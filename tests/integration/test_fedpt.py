@@ -223,6 +223,39 @@ def test_alpha_can_be_picked_by_validation_perplexity_without_decoding(
     assert not searching  # neither the search nor a perplexity-only evaluation decodes
 
 
+def test_perplexity_at_several_alphas_runs_each_model_once_a_batch(tmp_path: Path) -> None:
+    import torch.nn.functional as F
+
+    from fedtune.algorithms.fedpt.final import load_proxy_model, proxy_perplexities
+    from fedtune.eval.evaluate import perplexity_batches
+    from fedtune.eval.metrics import perplexity_from_nll
+    from fedtune.rundata import prepare_data
+
+    quiet_runner(tiny_config("fedpt", "fed.rounds=1"), tmp_path / "run").run()
+    proxy, cfg = load_proxy_model(tmp_path / "run")
+    records = prepare_data(cfg).eval_records
+    settings = cfg.eval.model_copy(update={"metrics": ["perplexity"], "batch_size": 2})
+    where = {"template": cfg.data.template, "max_length": cfg.data.max_length}
+    batches = perplexity_batches(records, proxy.tokenizer, settings, **where)
+    alphas = [0.0, 0.5, 2.0]
+    expected = {}
+    for alpha in alphas:  # one alpha at a time, through the proxy's own logits
+        nll, tokens = 0.0, 0
+        for batch in batches:
+            logits = proxy.labelled_logits(batch, alpha=alpha)
+            targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100]
+            nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+            tokens += int(targets.numel())
+        expected[alpha] = float(perplexity_from_nll(nll, tokens))
+    large_calls: list[int] = []
+    labelled = proxy.large.labelled_logits
+    proxy.large.labelled_logits = lambda batch: large_calls.append(1) or labelled(batch)  # type: ignore[method-assign]
+    together = proxy_perplexities(proxy, proxy.tokenizer, records, alphas, settings, **where)
+    assert together == expected
+    assert len(large_calls) == len(batches) > 1  # not once per alpha
+    assert len(set(together.values())) == len(alphas)
+
+
 def test_round_zero_is_the_base_large_model(tmp_path: Path) -> None:
     """LoRA B starts at zero, so tuned == base and the proxy is the large model itself."""
     from fedtune.decode.generate import generate_texts

@@ -145,6 +145,12 @@ class ProxyTunedLM:
 
     def labelled_logits(self, batch: Mapping[str, Tensor], alpha: float | None = None) -> Tensor:
         """``[N, vocab_width]`` proxy logits at the positions predicting a labelled token."""
+        parts = self.labelled_parts(batch)
+        return self.combine(parts, self.alpha if alpha is None else alpha)
+
+    def labelled_parts(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """The large, tuned small and base small LMs' logits at the positions predicting a labelled
+        token: what `labelled_logits` combines, to combine at several alphas with one forward each."""
         device = self.device
         on_device = {key: value.to(device) for key, value in batch.items()}
         with evaluating(self.small):
@@ -152,7 +158,12 @@ class ProxyTunedLM:
             with self.small.disable_adapter():
                 base, _ = losses.labelled_logits(self.small, on_device)
         large = self.large.labelled_logits(batch).to(device)
-        return proxy_logits(large, tuned, base, self.alpha if alpha is None else alpha, self._vocab_width)
+        return large, tuned, base
+
+    def combine(self, parts: tuple[Tensor, Tensor, Tensor], alpha: float) -> Tensor:
+        """`labelled_parts` as the proxy's logits at strength ``alpha``."""
+        large, tuned, base = parts
+        return proxy_logits(large, tuned, base, alpha, self._vocab_width)
 
     def _combined_step_fn(self, large_step: StepFn, small_step: SmallStepFn, alpha: float) -> StepFn:
         large_device = self.large.device

@@ -130,15 +130,36 @@ def evaluate_proxy(
 
     result = evaluate_generations(generate, tokenizer, records, settings, template=template, seed=seed)
     if "perplexity" in settings.metrics:
-        batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
-        total_nll, total_tokens = 0.0, 0
-        for batch in batches:
-            logits = proxy.labelled_logits(batch, alpha=alpha)
-            targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(logits.device)
-            total_nll += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
-            total_tokens += int(targets.numel())
-        result.metrics["perplexity"] = float(perplexity_from_nll(total_nll, total_tokens))
+        by_alpha = proxy_perplexities(
+            proxy, tokenizer, records, [alpha], settings, template=template, max_length=max_length
+        )
+        result.metrics["perplexity"] = by_alpha[alpha]
     return result
+
+
+def proxy_perplexities(
+    proxy: ProxyTunedLM,
+    tokenizer: Any,
+    records: Sequence[Record],
+    alphas: Sequence[float],
+    settings: Any,
+    *,
+    template: TemplateName,
+    max_length: int,
+) -> dict[float, float]:
+    """The proxy-tuned LM's perplexity on ``records``' references at each of ``alphas``: the three
+    models run once a batch, whatever the number of alphas."""
+    batches = perplexity_batches(records, tokenizer, settings, template=template, max_length=max_length)
+    total_nll = dict.fromkeys(alphas, 0.0)
+    total_tokens = 0
+    for batch in batches:
+        parts = proxy.labelled_parts(batch)
+        targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100].to(parts[1].device)
+        for alpha in alphas:
+            logits = proxy.combine(parts, alpha)
+            total_nll[alpha] += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+        total_tokens += int(targets.numel())
+    return {alpha: float(perplexity_from_nll(nll, total_tokens)) for alpha, nll in total_nll.items()}
 
 
 class ProxyModel(FinalModel):

@@ -29,6 +29,7 @@ from fedtune.algorithms.fedpt.final import (
     final_model,
     large_source,
     proxy_lm,
+    proxy_perplexities,
     write_proxy_json,
 )
 from fedtune.algorithms.fedpt.maths import (
@@ -242,9 +243,23 @@ class FedPT(Algorithm[FedPTConfig]):
         settings = self.cfg.eval.model_copy(update={"seeds": sec.alpha_search_seeds, "metrics": [metric]})
         scores: dict[str, float] = {}
         records = server.validation_records[: sec.alpha_search_examples]
-        for candidate in sec.alpha_grid:
-            result = self._evaluate_proxy(server, records, candidate, rnd, settings)
-            scores[f"{candidate:g}"] = result.metrics[metric]
+        if metric == "perplexity":  # the three models run once a batch for the whole grid
+            _, tokenizer = server.resources.lora_lm()
+            proxy = proxy_lm(self.cfg, server.resources, self.aggregated_adapter, self.vocab_width)
+            by_alpha = proxy_perplexities(
+                proxy,
+                tokenizer,
+                records,
+                sec.alpha_grid,
+                settings,
+                template=self.cfg.data.template,
+                max_length=self.cfg.data.max_length,
+            )
+            scores = {f"{candidate:g}": by_alpha[candidate] for candidate in sec.alpha_grid}
+        else:
+            for candidate in sec.alpha_grid:
+                result = self._evaluate_proxy(server, records, candidate, rnd, settings)
+                scores[f"{candidate:g}"] = result.metrics[metric]
         better = min if metric == "perplexity" else max
         alpha = float(better(scores, key=lambda a: scores[a]))
         self.alpha_study[rnd] = scores
