@@ -228,6 +228,7 @@ def plot(results: Sequence[Mapping[str, Any]], grid: Sequence[float], path: Path
                 color=colour,
                 markersize=11,
             )
+        ax.set_yscale("log")  # the minimum sits low beside the high alphas' perplexity
         ax.set_title(curve if curve != "test" else "test (in domain)", fontsize=9)
     return sweep.finish_grid(figure, axes, first, xlabel="alpha", ylabel="perplexity", title=title, path=path)
 
