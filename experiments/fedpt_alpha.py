@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="finished FedPT / FedAvg+PT run directories")
+    parser.add_argument("runs", nargs="*", type=Path, help="finished FedPT / FedAvg+PT run directories")
     parser.add_argument("--name", required=True, help="names the results: alpha-<name>.{md,json,png}")
     parser.add_argument("--grid", nargs="+", type=float, default=list(GRID))
     parser.add_argument("--validation-examples", type=int, default=96)
@@ -249,11 +249,14 @@ def main(argv: list[str] | None = None) -> None:
         help="keep the runs the results json already has (studied earlier) beside the ones given now",
     )
     args = parser.parse_args(argv)
+    if not args.runs and not args.table_only:
+        parser.error("name the finished runs to study (or --table-only)")
     stem = args.results_dir / f"alpha-{args.name}"
     command = sweep.command_line(__file__, argv)
     if args.table_only:  # the study's own command stays the one quoted
         saved = json.loads(sweep.sibling(stem, ".json").read_text())
         results, command = saved["results"], saved["command"]
+        args.grid = sorted({float(a) for r in results for a in r["perplexity_by_alpha"]["validation"]})
     else:
         setup_torch(1)
         results = [study_run(run_dir, args.grid, args.validation_examples) for run_dir in args.runs]

@@ -42,7 +42,7 @@ def test_the_study_recomputes_the_runs_test_perplexity_and_picks_the_lowest_vali
 
     # --table-only rewrites the table from the json and keeps the study's command
     (results_dir / "alpha-tiny.md").unlink()
-    fedpt_alpha.main([*argv, "--results-dir", str(results_dir), "--table-only"])
+    fedpt_alpha.main(["--name", "tiny", "--results-dir", str(results_dir), "--table-only"])
     assert (results_dir / "alpha-tiny.md").read_text() == text
 
     # --add keeps the runs studied earlier; a run studied again replaces its earlier entry
