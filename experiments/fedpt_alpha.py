@@ -26,6 +26,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,30 +72,16 @@ def study_run(run_dir: Path, grid: Sequence[float], validation_examples: int) ->
     seed = derive_seed(cfg.seed, cfg.fed.rounds, "eval")  # the run's final evaluation's sampling seeds
     ppl_only = cfg.eval.model_copy(update={"metrics": ["perplexity"]})
 
+    shape = {"template": cfg.data.template, "max_length": cfg.data.max_length}
+    perplexities = partial(proxy_perplexities, proxy, tokenizer, **shape)
+    evaluate_at = partial(evaluate_proxy, proxy, tokenizer, **shape, seed=seed)
+
     def evaluate(records: Sequence[Any], alpha: float, settings: Any) -> dict[str, float]:
-        result = evaluate_proxy(
-            proxy,
-            tokenizer,
-            records,
-            alpha,
-            settings,
-            template=cfg.data.template,
-            max_length=cfg.data.max_length,
-            seed=seed,
-        )
-        return dict(result.metrics)
+        return dict(evaluate_at(records, alpha, settings).metrics)
 
     curves: dict[str, dict[str, float]] = {}
     for name, records in {"validation": validation, **{n or "test": r for n, r in sets.items()}}.items():
-        by_alpha = proxy_perplexities(
-            proxy,
-            tokenizer,
-            records,
-            grid,
-            ppl_only,
-            template=cfg.data.template,
-            max_length=cfg.data.max_length,
-        )
+        by_alpha = perplexities(records, grid, ppl_only)
         curves[name] = {f"{alpha:g}": value for alpha, value in by_alpha.items()}
         print(f"{run_dir}: {name} perplexity by alpha: {curves[name]}", flush=True)
     picked = min(grid, key=lambda a: curves["validation"][f"{a:g}"])

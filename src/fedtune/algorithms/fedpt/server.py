@@ -244,8 +244,7 @@ class FedPT(Algorithm[FedPTConfig]):
         scores: dict[str, float] = {}
         records = server.validation_records[: sec.alpha_search_examples]
         if metric == "perplexity":  # the three models run once a batch for the whole grid
-            _, tokenizer = server.resources.lora_lm()
-            proxy = proxy_lm(self.cfg, server.resources, self.aggregated_adapter, self.vocab_width)
+            proxy, tokenizer = self._proxy(server)
             by_alpha = proxy_perplexities(
                 proxy,
                 tokenizer,
@@ -266,6 +265,14 @@ class FedPT(Algorithm[FedPTConfig]):
         log.info("fedpt round %d: validation %s by alpha %s -> alpha %g", rnd, metric, scores, alpha)
         return alpha
 
+    def _proxy(
+        self, server: ServerContext, adapter: Mapping[str, np.ndarray] | None = None
+    ) -> tuple[Any, Any]:
+        """The proxy-tuned LM over ``adapter`` (default: Alg. 1's output), and its tokenizer."""
+        _, tokenizer = server.resources.lora_lm()
+        small = self.aggregated_adapter if adapter is None else adapter
+        return proxy_lm(self.cfg, server.resources, small, self.vocab_width), tokenizer
+
     def _evaluate_proxy(
         self,
         server: ServerContext,
@@ -276,9 +283,7 @@ class FedPT(Algorithm[FedPTConfig]):
         adapter: Mapping[str, np.ndarray] | None = None,
     ) -> EvalResult:
         """The proxy over ``adapter`` (default: Alg. 1's output, the aggregate before distillation)."""
-        _, tokenizer = server.resources.lora_lm()
-        small = self.aggregated_adapter if adapter is None else adapter
-        proxy = proxy_lm(self.cfg, server.resources, small, self.vocab_width)
+        proxy, tokenizer = self._proxy(server, adapter)
         return evaluate_proxy(
             proxy,
             tokenizer,
