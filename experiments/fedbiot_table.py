@@ -24,6 +24,8 @@ it, perplexity only (``sweep-i0-<config name>``).
 method at every round the runs evaluated (round 0: right after the initial distillation), with each
 method's best round beside its last, as the paper reports the best checkpoint of a long run
 (``configs/paper/fedbiot-math-traj.yaml``: 30 rounds, every client every round, evaluated every 10).
+``--keep-earlier`` keeps, for a row none of whose runs is in ``--runs-dir`` (made on another machine), the
+value the previous results file recorded, and the table says which rows it kept.
 ``--set`` applies to every run, but never over what defines a row (a method's split, its ``align_steps``,
 the dropout, an ablation's key, I_0): ``--set fedbiot.align_steps=10`` sets FedBiOT's E and leaves
 Offsite-tuning's and FedOT's fixed emulator fixed.
@@ -116,11 +118,11 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
         }
         if shifts:
             out |= sweep.over_seeds(key, shifts)
-        info_path = done[0] / "artifacts" / "fedbiot.json"
-        if info_path.is_file():
-            info = json.loads(info_path.read_text())
-            out["client"] = info.get("params", {})
-            out["split"] = info.get("split", {})
+    info_path = done[0] / "artifacts" / "fedbiot.json" if done else None
+    if info_path is not None and info_path.is_file():
+        info = json.loads(info_path.read_text())
+        out["client"] = info.get("params", {})
+        out["split"] = info.get("split", {})
     return out
 
 
@@ -277,7 +279,7 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, jobs=False)
+    parser = sweep.table_parser(__doc__, jobs=False, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument(
         "--dropouts", nargs="+", type=float, help="emulator dropouts (default: 0.2 0.5; --init-sweep: 0.5)"
@@ -332,19 +334,39 @@ def main(argv: list[str] | None = None) -> None:
         for run_dir, overrides in runs.items():
             run_one(args.config, overrides, run_dir)
     results = {key: summarise(paths, metric) for key, paths in dirs.items()}
+    stem = args.results_dir / f"{'ablation' if args.ablation else 'table'}-{cfg.name}"
+    kept = keep_earlier(results, stem) if args.keep_earlier else []
     if args.ablation:
         text = ablation_markdown(cfg, metric, variants, results, command)
-        stem = args.results_dir / f"ablation-{cfg.name}"
     else:
         text = markdown(cfg, metric, results, args.dropouts, command)
-        stem = args.results_dir / f"table-{cfg.name}"
         plot(cfg, metric, results, args.dropouts, sweep.sibling(stem, ".png"))
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text + kept_note(kept), cfg.name, command, results)
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
+        kept = keep_earlier(curves, stem) if args.keep_earlier else []
         plot_trajectory(cfg, metric, curves, sweep.sibling(stem, ".png"))
-        sweep.write_table(stem, trajectory_markdown(cfg, metric, curves, command), cfg.name, command, curves)
+        text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept)
+        sweep.write_table(stem, text, cfg.name, command, curves)
+
+
+def keep_earlier(results: dict[str, dict[str, Any]], stem: Path) -> list[str]:
+    """``--keep-earlier``: a row none of whose runs is in ``--runs-dir`` (made on another machine) takes
+    the value the previous ``<stem>.json`` recorded for it, whole (its seeds are not mixed with new
+    ones); returns the rows so kept."""
+    earlier = sweep.earlier_results(stem)
+    kept = [key for key, result in results.items() if not result.get("seeds") and earlier.get(key)]
+    for key in kept:
+        results[key] = earlier[key]
+    return kept
+
+
+def kept_note(kept: list[str]) -> str:
+    if not kept:
+        return ""
+    rows = ", ".join(f"{LABELS.get(k.split('-d')[0], k)} d={k.split('-d')[-1]}" for k in kept)
+    return f"\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): {rows}.\n"
 
 
 MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))

@@ -110,6 +110,55 @@ def test_trajectory_best_round_breaks_a_metric_tie_by_perplexity(tmp_path: Path)
     assert list(curve["rounds"]) == ["0", "10", "20"] and curve["best_round"] == {"0": 10}
 
 
+def test_a_row_whose_runs_have_not_finished_summarises_to_no_seeds(tmp_path: Path) -> None:
+    """``--table-only`` while a row's only run is still going (or not started) tabulates it as empty."""
+    run = tmp_path / "fedot-d0.5-s0"
+    run.mkdir()
+    (run / "config.yaml").write_text("fed:\n  rounds: 30\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "eval": {"adapfu/perplexity": 3.7}}) + "\n")
+
+    assert fedbiot_table.summarise([run, tmp_path / "fedot-d0.5-s1"], "perplexity") == {"seeds": 0}
+
+
+def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_path: Path) -> None:
+    """A row with no run here (run on another machine) keeps the previous results file's value, in the
+    table and in the trajectory, and both files name it; a row with a run here is read from it."""
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    results = tmp_path / "results"
+    results.mkdir()
+    run = tmp_path / "runs" / "fedbiot-tiny" / "fedbiot_a4-d0.5-s0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("fed:\n  rounds: 2\n")
+    evals = [{"adapfu/perplexity": p, "adapemu/perplexity": 2 * p} for p in (9.0, 5.0, 4.0)]
+    rows = [{"round": r, "bytes_up": 10, "bytes_down": 20, "eval": e} for r, e in enumerate(evals)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    earlier_row = {"seeds": 1, "adapfu/perplexity": 3.0, "adapfu/perplexity_by_seed": {"0": 3.0}}
+    rounds = {str(r): {"adapfu/perplexity": [p, 0.0]} for r, p in ((0, 7.0), (10, 6.0))}
+    earlier_curve = {"seeds": 1, "rounds": rounds, "best_round": {"0": 10}}
+    for stem, row in (("table", earlier_row), ("trajectory", earlier_curve)):
+        saved = {"results": {"fedot-d0.5": row, "fedbiot_a4-d0.5": {"seeds": 9}}}
+        (results / f"{stem}-fedbiot-tiny.json").write_text(json.dumps(saved))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results)]
+    argv += ["--methods", "fedot", "fedbiot_a4", "--dropouts", "0.5", "--trajectory", "--table-only"]
+    argv += ["--set", "eval.metrics=[perplexity]"]
+
+    fedbiot_table.main([*argv, "--keep-earlier"])
+
+    table = json.loads((results / "table-fedbiot-tiny.json").read_text())["results"]
+    assert table["fedot-d0.5"] == earlier_row and table["fedbiot_a4-d0.5"]["seeds"] == 1
+    assert table["fedbiot_a4-d0.5"]["adapfu/perplexity_by_seed"] == {"0": 4.0}
+    curves = json.loads((results / "trajectory-fedbiot-tiny.json").read_text())["results"]
+    assert curves["fedot-d0.5"] == earlier_curve
+    assert list(curves["fedbiot_a4-d0.5"]["rounds"]) == ["0", "1", "2"]
+    for stem in ("table", "trajectory"):
+        text = (results / f"{stem}-fedbiot-tiny.md").read_text()
+        assert "Kept from the previous results file" in text and ": FedOT d=0.5." in text, stem
+    # without the flag a row with no run here is empty, as before
+    fedbiot_table.main(argv)
+    table = json.loads((results / "table-fedbiot-tiny.json").read_text())["results"]
+    assert table["fedot-d0.5"]["seeds"] == 0
+
+
 def test_summary_reads_the_adapter_shift_over_trained_rounds_and_seeds(tmp_path: Path) -> None:
     runs = []
     traffic = {"bytes_up": 1, "bytes_down": 2, "eval": {}}
