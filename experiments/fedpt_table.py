@@ -14,7 +14,9 @@ A training seed other than the config's runs under ``<method>-s<seed>`` with ``s
 sampling, data order, LoRA init); the config's own seed keeps ``<method>``. With one training seed a
 cell's ± is the std over the evaluation's sampling seeds; with several it is the std over the training
 seeds of each one's mean over its sampling seeds, and each ordering says in how many training seeds it
-holds. Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
+holds. ``--keep-earlier``: a seed whose run is not in ``--runs-dir`` (made on another machine) takes the
+value the table's previous results file recorded for it, and the table names each seed so kept.
+Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
 an out-of-memory kill loses only that method; rerunning resumes unfinished runs and skips finished ones.
 
 Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
@@ -152,20 +154,52 @@ def over_training_seeds(by_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return combined
 
 
+def earlier_seed(entry: dict[str, Any] | None, seed: str) -> dict[str, Any] | None:
+    """One training seed's evaluation as an earlier results file recorded it (``entry``: a method's
+    results): the whole evaluation when that file had this seed alone, else each ``<key>_by_seed``
+    value (and alpha) of this seed; None when the file has no value for it."""
+    if not entry or seed not in entry.get("training_seeds", []):
+        return None
+    evaluation = entry["eval"]
+    if entry["training_seeds"] == [seed]:
+        return dict(evaluation)
+    return {
+        key.removesuffix("_by_seed"): values[seed]  # alpha_by_seed -> alpha, rougeL_by_seed -> rougeL
+        for key, values in evaluation.items()
+        if key.endswith("_by_seed") and seed in values
+    }
+
+
 def tabulate(
-    cfg: Any, runs: dict[str, dict[int, Path]], memory: dict[str, dict[str, float]]
+    cfg: Any,
+    runs: dict[str, dict[int, Path]],
+    memory: dict[str, dict[str, float]],
+    earlier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per method (and Base (large), FedAvg (large)'s round 0): the final evaluation over the training
-    seeds whose run finished (``over_training_seeds``), the client model, bytes and memory."""
+    seeds whose run finished (``over_training_seeds``), the client model, bytes and memory. With
+    ``earlier`` (``--keep-earlier``: the table's previous results), a seed whose run is not here takes
+    the value recorded there, and the entry's ``kept_seeds`` names it."""
     results: dict[str, dict[str, Any]] = {}
     base: dict[str, dict[str, Any]] = {}
+    kept_base: list[str] = []
     for method, seed_runs in runs.items():
         finals: dict[str, dict[str, Any]] = {}
         mbs: list[float] = []
+        kept: list[str] = []
         for seed, path in seed_runs.items():
             method_rows = sweep.finished_rows(path)
             final = sweep.last_evaluated(method_rows)
             if final is None:
+                recorded = earlier_seed((earlier or {}).get(method), str(seed))
+                if recorded is not None:
+                    finals[str(seed)] = recorded
+                    mbs.append((earlier or {})[method]["total_mb"])
+                    kept.append(str(seed))
+                    base_recorded = earlier_seed((earlier or {}).get("base_large"), str(seed))
+                    if method == "fedavg_large" and base_recorded is not None:
+                        base[str(seed)] = base_recorded
+                        kept_base.append(str(seed))
                 continue
             finals[str(seed)] = final["eval"]
             mbs.append(total_mb(method_rows))
@@ -181,9 +215,11 @@ def tabulate(
             "total_mb": sum(mbs) / len(mbs),
             "rounds": cfg.fed.rounds,
             "memory": memory.get(client_model, {}),
+            **({"kept_seeds": kept} if kept else {}),
         }
     if base:
         entry = {"eval": over_training_seeds(base), "training_seeds": sorted(base, key=int)}
+        entry |= {"kept_seeds": kept_base} if kept_base else {}
         results = {"base_large": {**entry, "client_model": "-", "total_mb": 0.0}, **results}
     return results
 
@@ -228,6 +264,11 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = ordering_note(results, sets)
     lines += ["", note] if note else []
+    kept = [
+        f"{LABELS[m]} seed {', '.join(r['kept_seeds'])}" for m, r in results.items() if r.get("kept_seeds")
+    ]
+    if kept:
+        lines += ["", f"From the previous results file (runs not here, `--keep-earlier`): {'; '.join(kept)}."]
     if seeds > 1:
         lines += ["", "Rouge-L per training seed:", "", *per_seed_table(results, sets)]
     for method in ("fedavg_pt", "fedpt"):
@@ -312,7 +353,7 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__)
+    parser = sweep.table_parser(__doc__, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
     parser.add_argument(
@@ -345,10 +386,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_memory:
         for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):
             memory[model] = measure_client(model, args.config, args.set)
-    results = tabulate(cfg, runs, memory)
+    stem = args.results_dir / f"table-{cfg.name}"
+    results = tabulate(cfg, runs, memory, sweep.earlier_results(stem) if args.keep_earlier else None)
     command = sweep.command_line(__file__, argv)
     text = markdown(cfg, results, command)
-    sweep.write_table(args.results_dir / f"table-{cfg.name}", text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results)
 
 
 STUDY_METHODS = ("fedavg_small", "fedpt")

@@ -83,6 +83,60 @@ def test_over_training_seeds_takes_the_std_over_seeds_and_keeps_one_seed_as_it_i
     assert not any(key.startswith("alpha_study/") for key in two)
 
 
+def test_keep_earlier_takes_a_missing_seed_from_the_previous_results_and_names_it(tmp_path: Path) -> None:
+    """Seed 0 of FedAvg (large) ran on another machine: its value (and Base (large)'s, its round 0)
+    comes from the previous results file, whether that file held seed 0 alone or several seeds."""
+    from fedtune.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "test" / "fedpt-tiny.yaml", ["fed.rounds=1"])
+
+    def fake_run(name: str, base: float, final: float) -> Path:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text("fed:\n  rounds: 1\n")
+        rows = [
+            {"round": 0, "eval": {"rougeL": base}},
+            {"round": 1, "bytes_up": 2**20, "eval": {"rougeL": final}},
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return run
+
+    runs = {"fedavg_large": {0: tmp_path / "gone", 1: fake_run("fedavg_large-s1", 0.1, 0.3)}}
+    alone = {
+        "fedavg_large": {
+            "eval": {"rougeL": 0.5, "rougeL_std": 0.01},
+            "training_seeds": ["0"],
+            "total_mb": 1.0,
+        },
+        "base_large": {"eval": {"rougeL": 0.2, "rougeL_std": 0.02}, "training_seeds": ["0"], "total_mb": 0.0},
+    }
+    several = {
+        "fedavg_large": {
+            "eval": {"rougeL": 0.6, "rougeL_std": 0.1, "rougeL_by_seed": {"0": 0.5, "2": 0.7}},
+            "training_seeds": ["0", "2"],
+            "total_mb": 1.0,
+        },
+        "base_large": {
+            "eval": {"rougeL": 0.2, "rougeL_std": 0.0, "rougeL_by_seed": {"0": 0.2, "2": 0.2}},
+            "training_seeds": ["0", "2"],
+            "total_mb": 0.0,
+        },
+    }
+    for earlier in (alone, several):
+        results = fedpt_table.tabulate(cfg, runs, {}, earlier)
+
+        large, base = results["fedavg_large"], results["base_large"]
+        assert large["training_seeds"] == base["training_seeds"] == ["0", "1"]
+        assert large["eval"]["rougeL_by_seed"] == {"0": 0.5, "1": 0.3}
+        assert base["eval"]["rougeL_by_seed"] == {"0": 0.2, "1": 0.1}
+        assert large["kept_seeds"] == base["kept_seeds"] == ["0"]
+        assert large["total_mb"] == 1.0  # seed 0's recorded 1 MB and seed 1's 1 MiB up, in MB of 2**20
+        text = fedpt_table.markdown(cfg, results, "cmd")
+        assert "(runs not here, `--keep-earlier`): Base (large) seed 0; FedAvg (large) seed 0." in text
+    # without it the missing seed is left out, as before
+    assert fedpt_table.tabulate(cfg, runs, {})["fedavg_large"]["training_seeds"] == ["1"]
+
+
 def test_a_table_of_one_method_has_no_empty_ordering_note() -> None:
     sets = [("instruct", "")]
     one = {"fedpt": {"eval": {"rougeL": 0.2, "rougeL_std": 0.01}}}
