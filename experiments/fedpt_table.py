@@ -180,6 +180,7 @@ def tabulate(
     seeds whose run finished (``over_training_seeds``), the client model, bytes and memory. With
     ``earlier`` (``--keep-earlier``: the table's previous results), a seed whose run is not here takes
     the value recorded there, and the entry's ``kept_seeds`` names it."""
+    earlier = earlier or {}
     results: dict[str, dict[str, Any]] = {}
     base: dict[str, dict[str, Any]] = {}
     kept_base: list[str] = []
@@ -191,12 +192,12 @@ def tabulate(
             method_rows = sweep.finished_rows(path)
             final = sweep.last_evaluated(method_rows)
             if final is None:
-                recorded = earlier_seed((earlier or {}).get(method), str(seed))
+                recorded = earlier_seed(earlier.get(method), str(seed))
                 if recorded is not None:
                     finals[str(seed)] = recorded
-                    mbs.append((earlier or {})[method]["total_mb"])
+                    mbs.append(earlier[method]["total_mb"])
                     kept.append(str(seed))
-                    base_recorded = earlier_seed((earlier or {}).get("base_large"), str(seed))
+                    base_recorded = earlier_seed(earlier.get("base_large"), str(seed))
                     if method == "fedavg_large" and base_recorded is not None:
                         base[str(seed)] = base_recorded
                         kept_base.append(str(seed))
