@@ -341,13 +341,14 @@ def main(argv: list[str] | None = None) -> None:
     else:
         text = markdown(cfg, metric, results, args.dropouts, command)
         plot(cfg, metric, results, args.dropouts, sweep.sibling(stem, ".png"))
-    sweep.write_table(stem, text + kept_note(kept), cfg.name, command, results)
+    rejected = sweep.rejected_note(path for paths in dirs.values() for path in paths)
+    sweep.write_table(stem, text + kept_note(kept) + rejected, cfg.name, command, results)
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
         kept = keep_earlier(curves, stem) if args.keep_earlier else []
         plot_trajectory(cfg, metric, curves, sweep.sibling(stem, ".png"))
-        text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept)
+        text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept) + rejected
         sweep.write_table(stem, text, cfg.name, command, curves)
 
 

@@ -517,13 +517,14 @@ def main(argv: list[str] | None = None) -> None:
     root = args.runs_dir / cfg.name
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = sweep.earlier_results(stem) if args.keep_earlier else None
+    jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
     if not args.table_only:
-        jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
         sweep.run_all(
             args.config, {root / name: overrides for name, overrides in jobs.items()}, jobs=args.jobs
         )
     command = sweep.command_line(__file__, argv)
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
+    text += sweep.rejected_note(root / name for name in jobs)
     sweep.write_table(stem, text, str(args.config), command, results)
     figure = plot(cfg, results, sweep.sibling(stem, ".png"))
     if figure is not None:

@@ -312,7 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         sweep.run_all(args.config, runs, jobs=args.jobs)
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
-    sweep.write_table(stem, markdown(cfg, results, suffixes, command), cfg.name, command, results)
+    text = markdown(cfg, results, suffixes, command) + sweep.rejected_note(
+        p for ps in dirs.values() for p in ps
+    )
+    sweep.write_table(stem, text, cfg.name, command, results)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
 
 
@@ -377,6 +380,7 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             *by_round_section(args, found, suffixes),
         ]
     )
+    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
     sweep.write_table(stem, text, cfg.name, command, results)
     plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))

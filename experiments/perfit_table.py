@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
             *by_sampling(rows, args.partitions),
             *overlap_lines(results.get("masks", {})),
         ]
-    )
+    ) + sweep.rejected_note(path for paths in dirs.values() for path in paths)
     sweep.write_table(stem, text, cfg.name, command, results)
 
 

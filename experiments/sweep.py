@@ -14,6 +14,8 @@ write the table. A table script keeps only its rows (name -> config overrides) a
   another order compare equal: "holds", "does not hold", or "tie" where every mean is the same (a tie
   is never "holds").
 - Tables: ``<results dir>/table-<config name>.{md,json}`` (``bench.common.write_table``), plots beside.
+- A table names every reply its runs' servers rejected (``rejected_note``): such a row is not the
+  method's plain average.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ __all__ = [
     "per_round_mb",
     "plus_minus",
     "read_rows",
+    "rejected_note",
+    "rejected_replies",
     "rises",
     "run",
     "run_all",
@@ -177,6 +181,31 @@ def last_evaluated(rows: Iterable[Row], metric: str | None = None) -> Row | None
     """The last row after training began whose evaluation has ``metric`` (any evaluation: None)."""
     evaluated = [r for r in trained_rows(rows) if r.get("eval") and (metric is None or metric in r["eval"])]
     return evaluated[-1] if evaluated else None
+
+
+def rejected_replies(run_dir: Path) -> list[tuple[int, str, str]]:
+    """(round, client, the server's reason) for every reply the run's server rejected (``fed.screen``,
+    ``fed.norm_bound``, a reply failing its checks), in round order; [] for a run not here."""
+    return [
+        (int(row["round"]), str(client), str(reason))
+        for row in read_rows(run_dir)
+        for client, reason in (row.get("rejected") or {}).items()
+    ]
+
+
+def rejected_note(run_dirs: Iterable[Path]) -> str:
+    """A table's note naming each reply its runs' servers rejected: such a row is not the method's plain
+    average over the round's clients (the default median screen can turn away an honest client whose
+    update diverged). "" when no run rejected any."""
+    lines = [
+        f"- {run_dir.name}, round {rnd}, {client}: {reason}"
+        for run_dir in run_dirs
+        for rnd, client, reason in rejected_replies(run_dir)
+    ]
+    if not lines:
+        return ""
+    head = "Replies the server rejected, left out of their round's aggregate (run, round, client: why):"
+    return "\n\n" + head + "\n\n" + "\n".join(lines) + "\n"
 
 
 def per_round_mb(rows: Iterable[Row], key: str, unit: float = 1e6) -> float:

@@ -159,6 +159,32 @@ def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_pa
     assert table["fedot-d0.5"]["seeds"] == 0
 
 
+def test_the_table_names_the_replies_its_runs_rejected(tmp_path: Path) -> None:
+    """The default median screen (fed.screen) can turn away an honest client whose update diverged;
+    the row is then not the method's plain average, and the table and the trajectory say so."""
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    results = tmp_path / "results"
+    why = "update norm 25.83 exceeds 10 x the round's median update norm 1.173 (fed.screen)"
+    for method, rejected in (("fedot", {"c09": why}), ("fedbiot_a4", {})):
+        run = tmp_path / "runs" / "fedbiot-tiny" / f"{method}-d0.5-s0"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("fed:\n  rounds: 2\n")
+        rows = [
+            {"round": r, "bytes_up": 10, "bytes_down": 20, "rejected": rejected if r == 1 else {}, "eval": e}
+            for r, e in enumerate({"adapfu/perplexity": p, "adapemu/perplexity": p} for p in (9.0, 5.0, 4.0))
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results)]
+    argv += ["--methods", "fedot", "fedbiot_a4", "--dropouts", "0.5", "--trajectory", "--table-only"]
+
+    fedbiot_table.main([*argv, "--set", "eval.metrics=[perplexity]"])
+
+    for stem in ("table", "trajectory"):
+        text = (results / f"{stem}-fedbiot-tiny.md").read_text()
+        assert f"- fedot-d0.5-s0, round 1, c09: {why}" in text, stem
+        assert "fedbiot_a4-d0.5-s0, round" not in text, stem
+
+
 def test_summary_reads_the_adapter_shift_over_trained_rounds_and_seeds(tmp_path: Path) -> None:
     runs = []
     traffic = {"bytes_up": 1, "bytes_down": 2, "eval": {}}

@@ -100,3 +100,23 @@ def test_the_attack_table_says_rejected_absorbed_or_not_applicable() -> None:
         "perplexity",
         9.0,
     )
+
+
+def test_the_rejection_note_names_every_reply_a_server_turned_away(tmp_path: Path) -> None:
+    """A row built on a run whose server rejected a reply is not the method's plain average: the note
+    names the run, the round, the client and the server's reason; no rejection, no note."""
+    why = "update norm 25.83 exceeds 10 x the round's median update norm 1.173 (fed.screen)"
+    screened = _run(
+        tmp_path / "fedot-d0.5-s0",
+        [{"round": 0}, {"round": 1, "rejected": {"c09": why}}, {"round": 2, "rejected": {}}],
+    )
+    clean = _run(tmp_path / "offsite-d0.5-s0", [{"round": 0}, {"round": 1}, {"round": 2, "rejected": {}}])
+    missing = tmp_path / "fedbiot-d0.5-s0"  # not run here: nothing to say about it
+
+    assert sweep.rejected_replies(screened) == [(1, "c09", why)]
+    assert sweep.rejected_replies(clean) == sweep.rejected_replies(missing) == []
+    note = sweep.rejected_note([clean, screened, missing])
+    assert "left out of their round's aggregate" in note
+    assert f"- fedot-d0.5-s0, round 1, c09: {why}" in note
+    assert "offsite" not in note
+    assert sweep.rejected_note([clean, missing]) == ""
