@@ -312,9 +312,8 @@ def main(argv: list[str] | None = None) -> None:
         sweep.run_all(args.config, runs, jobs=args.jobs)
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
-    text = markdown(cfg, results, suffixes, command) + sweep.rejected_note(
-        p for ps in dirs.values() for p in ps
-    )
+    text = markdown(cfg, results, suffixes, command)
+    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
     sweep.write_table(stem, text, cfg.name, command, results)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
 
