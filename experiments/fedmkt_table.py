@@ -34,7 +34,9 @@ score, and how many public samples DualMinCE selected for the LLM and for the SL
 ``--set`` changes the config before the settings do (a run's own overrides win): with ``name=`` it
 gives a table and runs directory of their own, e.g. for a larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
-table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
+table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept;
+the rounds file keeps such a seed's every round from its previous ``.json`` (a seed whole, never
+mixing two runs) and names it too.
 """
 
 from __future__ import annotations
@@ -203,7 +205,13 @@ def over_rounds(
     return out
 
 
-def rounds_markdown(cfg: Any, curves: dict[str, Any], command: str) -> str:
+def rounds_markdown(
+    cfg: Any,
+    curves: dict[str, Any],
+    command: str,
+    carried: dict[str, list[str]] | None = None,
+    root: Path | None = None,
+) -> str:
     """Per dataset and setting, every round of the FedMKT runs: scores and the samples selected."""
     parts = [
         f"# FedMKT over rounds: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
@@ -227,6 +235,9 @@ def rounds_markdown(cfg: Any, curves: dict[str, Any], command: str) -> str:
         ]
         header = ["round", "LLM", *names, *(f"selected: {label}" for label in SELECTED.values())]
         parts += [f"## {dataset}, {setting}", "", sweep.markdown_table(header, rows), ""]
+        if carried and key in carried:
+            kept = ", ".join(carried[key])
+            parts += [f"Seeds kept from this file's previous results (runs not in {root}): {kept}", ""]
     parts.append(f"Command: `{command}`")
     return "\n".join(parts)
 
@@ -493,16 +504,43 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     return sweep.save_figure(figure, path)
 
 
+def keep_earlier_rounds(by_round: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> list[str]:
+    """Fill ``by_round`` (round -> column -> seed -> value) with every round of each seed asked for that has
+    no finished FedMKT run here but values in ``earlier`` (the rounds file's previous results); return
+    the seeds so kept. A seed is kept whole or not at all: its rounds never mix two runs."""
+    here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
+    kept = set()
+    for rnd, cells in earlier.items():
+        if not isinstance(cells, dict):
+            continue
+        for column, by_seed in cells.items():
+            for seed in map(str, seeds):
+                if seed not in here and isinstance(by_seed, dict) and seed in by_seed:
+                    by_round.setdefault(rnd, {}).setdefault(column, {})[seed] = float(by_seed[seed])
+                    kept.add(seed)
+    return sorted(kept, key=int)
+
+
 def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
-    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for."""
-    curves = {
-        f"{dataset}-{setting}": over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
-        for dataset in args.datasets
-        for setting in args.settings
-    }
-    curves = {key: by_round for key, by_round in curves.items() if by_round}
+    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (with
+    ``--keep-earlier``, and of the seeds asked for whose runs are elsewhere, from the previous file)."""
     stem = args.results_dir / f"rounds-{cfg.name}"
-    sweep.write_table(stem, rounds_markdown(cfg, curves, command), str(args.config), command, curves)
+    earlier = sweep.earlier_results(stem) if args.keep_earlier else {}
+    curves: dict[str, Any] = {}
+    carried: dict[str, list[str]] = {}
+    for dataset in args.datasets:
+        for setting in args.settings:
+            key = f"{dataset}-{setting}"
+            by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
+            kept = keep_earlier_rounds(by_round, earlier.get(key, {}), args.seeds)
+            if kept:
+                carried[key] = kept
+            if by_round:
+                curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
+    text = rounds_markdown(cfg, curves, command, carried, root)
+    sweep.write_table(
+        stem, text, str(args.config), command, {**curves, **({"carried": carried} if carried else {})}
+    )
     figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")

@@ -205,3 +205,38 @@ def test_rounds_file_gives_every_round_of_the_fedmkt_run_with_the_samples_select
     one = ["--set=fed.rounds=1", "--results-dir", str(tmp_path / "one")]
     fedmkt_table.main([*argv, "--settings", "hetero2", "--datasets", "instruct", *one])
     assert not (tmp_path / "one" / "rounds-fedmkt-tiny.md").exists()
+
+
+def test_keep_earlier_carries_every_round_of_a_seed_whose_fedmkt_run_is_not_here(tmp_path: Path) -> None:
+    """``--table-only --keep-earlier`` must not wipe the rounds file of seeds run elsewhere: a seed asked
+    for with no finished FedMKT run here keeps all its rounds from the file's previous write, named as
+    kept; without the flag nothing is kept."""
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
+    earlier = {
+        "instruct-hetero2": {
+            "0": {"llm": {"0": 0.2, "5": 0.9}, slm: {"0": 0.3}},
+            "1": {"llm": {"0": 0.4}, slm: {"0": 0.35}, "llm_kd_selected": {"0": 59.0}},
+        }
+    }
+    (results_dir / "rounds-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--results-dir", str(results_dir), "--settings", "hetero2", "--datasets", "instruct"]
+    argv += ["--seeds", "0", "1", "--table-only", "--set=fed.rounds=2"]
+    fedmkt_table.main([*argv, "--keep-earlier"])
+
+    saved = json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]
+    # seed 5 was not asked for; seed 1 has no value anywhere
+    assert saved["instruct-hetero2"] == {
+        "0": {"llm": {"0": 0.2}, slm: {"0": 0.3}},
+        "1": {"llm": {"0": 0.4}, slm: {"0": 0.35}, "llm_kd_selected": {"0": 59.0}},
+    }
+    assert saved["carried"] == {"instruct-hetero2": ["0"]}
+    text = (results_dir / "rounds-fedmkt-tiny.md").read_text()
+    assert "| 1 | 40.0 | 35.0 |" in text
+    assert "kept from this file's previous results (runs not in" in text and ": 0" in text
+    fedmkt_table.main(argv)  # without the flag nothing is kept
+    assert (
+        "instruct-hetero2" not in json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]
+    )
