@@ -193,12 +193,17 @@ def rejected_replies(run_dir: Path) -> list[tuple[int, str, str]]:
     ]
 
 
-def rejected_note(run_dirs: Iterable[Path]) -> str:
+def rejected_note(run_dirs: Iterable[Path], under: Path | None = None) -> str:
     """A table's note naming each reply its runs' servers rejected: such a row is not the method's plain
     average over the round's clients (the default median screen can turn away an honest client whose
-    update diverged). "" when no run rejected any."""
+    update diverged). A run is named by its directory's name, or by its path under ``under`` where runs
+    of one name live in several directories. "" when no run rejected any."""
+
+    def name(run_dir: Path) -> str:
+        return run_dir.name if under is None else run_dir.relative_to(under).as_posix()
+
     lines = [
-        f"- {run_dir.name}, round {rnd}, {client}: {reason}"
+        f"- {name(run_dir)}, round {rnd}, {client}: {reason}"
         for run_dir in run_dirs
         for rnd, client, reason in rejected_replies(run_dir)
     ]

@@ -120,3 +120,16 @@ def test_the_rejection_note_names_every_reply_a_server_turned_away(tmp_path: Pat
     assert f"- fedot-d0.5-s0, round 1, c09: {why}" in note
     assert "offsite" not in note
     assert sweep.rejected_note([clean, missing]) == ""
+
+
+def test_the_rejection_note_tells_apart_runs_of_one_name_under_different_directories(tmp_path: Path) -> None:
+    """The small-model study runs ``fedpt`` once per client model, each under its own directory: the note
+    names a run by its path under ``under`` so the reader knows which model's run rejected a reply."""
+    why = "update norm 9.1 exceeds 10 x the round's median update norm 0.4 (fed.screen)"
+    small = _run(
+        tmp_path / "fedpt-smollm2-l10" / "fedpt", [{"round": 0}, {"round": 1, "rejected": {"c01": why}}]
+    )
+    own = _run(tmp_path / "fedpt-smollm2" / "fedpt", [{"round": 0}, {"round": 1}])
+    note = sweep.rejected_note([own, small], under=tmp_path)
+    assert f"- fedpt-smollm2-l10/fedpt, round 1, c01: {why}" in note
+    assert "- fedpt, round" not in note
