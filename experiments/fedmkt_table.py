@@ -510,12 +510,15 @@ def keep_earlier_rounds(by_round: dict[str, Any], earlier: dict[str, Any], seeds
     the seeds so kept. A seed is kept whole or not at all: its rounds never mix two runs."""
     here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
     kept = set()
+    wanted = [seed for seed in map(str, seeds) if seed not in here]
     for rnd, cells in earlier.items():
         if not isinstance(cells, dict):
             continue
         for column, by_seed in cells.items():
-            for seed in map(str, seeds):
-                if seed not in here and isinstance(by_seed, dict) and seed in by_seed:
+            if not isinstance(by_seed, dict):
+                continue
+            for seed in wanted:
+                if seed in by_seed:
                     by_round.setdefault(rnd, {}).setdefault(column, {})[seed] = float(by_seed[seed])
                     kept.add(seed)
     return sorted(kept, key=int)
@@ -538,9 +541,8 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
             if by_round:
                 curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
     text = rounds_markdown(cfg, curves, command, carried, root)
-    sweep.write_table(
-        stem, text, str(args.config), command, {**curves, **({"carried": carried} if carried else {})}
-    )
+    results = {**curves, "carried": carried} if carried else curves
+    sweep.write_table(stem, text, str(args.config), command, results)
     figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")

@@ -489,10 +489,8 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             sweep.markdown_table(header, rows),
         ]
     )
-    runs_dir = Path(args.runs_dir)
-    text += sweep.rejected_note(
-        (roots[m] / method for m in roots for method in STUDY_METHODS), under=runs_dir
-    )
+    runs = (root / method for root in roots.values() for method in STUDY_METHODS)
+    text += sweep.rejected_note(runs, under=Path(args.runs_dir))
     stem = args.results_dir / f"study-small-{cfg.name}"
     sweep.write_table(stem, text, cfg.name, command, results)
     plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
