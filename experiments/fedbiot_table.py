@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
             run_one(args.config, overrides, run_dir)
     results = {key: summarise(paths, metric) for key, paths in dirs.items()}
     stem = args.results_dir / f"{'ablation' if args.ablation else 'table'}-{cfg.name}"
-    kept = keep_earlier(results, stem) if args.keep_earlier else []
+    kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
     if args.ablation:
         text = ablation_markdown(cfg, metric, variants, results, command)
     else:
@@ -346,21 +346,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
-        kept = keep_earlier(curves, stem) if args.keep_earlier else []
+        kept = sweep.keep_earlier_rows(curves, stem) if args.keep_earlier else []
         plot_trajectory(cfg, metric, curves, sweep.sibling(stem, ".png"))
         text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept) + rejected
         sweep.write_table(stem, text, cfg.name, command, curves)
-
-
-def keep_earlier(results: dict[str, dict[str, Any]], stem: Path) -> list[str]:
-    """``--keep-earlier``: a row none of whose runs is in ``--runs-dir`` (made on another machine) takes
-    the value the previous ``<stem>.json`` recorded for it, whole (its seeds are not mixed with new
-    ones); returns the rows so kept."""
-    earlier = sweep.earlier_results(stem)
-    kept = [key for key, result in results.items() if not result.get("seeds") and earlier.get(key)]
-    for key in kept:
-        results[key] = earlier[key]
-    return kept
 
 
 def kept_note(kept: list[str]) -> str:

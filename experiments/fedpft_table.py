@@ -22,7 +22,8 @@ then whether the expected ordering FedOT < FedPFT <= FedPETuning holds and wheth
 distillation step helps. A plot beside the table (``table-<config name>.png``) shows the same
 accuracies, one panel per dataset and partition, with each seed's value as a dot. Runs are
 subprocesses, ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and
-skips finished ones.
+skips finished ones. ``--keep-earlier``: a row none of whose runs is in ``--runs-dir`` (made on another
+machine) keeps, whole, the value the table's previous results file recorded, and the table names it.
 
 ``--lrs LR ...`` sweeps the learning rate instead: every row at each lr (run directories
 ``lr<lr>-<row>-<dataset>-<partition>-s<seed>``), scored on the dataset's validation split, never the test
@@ -282,7 +283,7 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__)
+    parser = sweep.table_parser(__doc__, keep_earlier=True)
     default_rows = [row for row in ROWS if row not in ON_DEMAND]
     parser.add_argument("--rows", nargs="+", default=default_rows, choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
@@ -312,10 +313,19 @@ def main(argv: list[str] | None = None) -> None:
         sweep.run_all(args.config, runs, jobs=args.jobs)
     results = {key: summarise(paths) for key, paths in dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
-    text = markdown(cfg, results, suffixes, command)
+    kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
+    text = markdown(cfg, results, suffixes, command) + kept_note(kept)
     text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
     sweep.write_table(stem, text, cfg.name, command, results)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
+
+
+def kept_note(kept: list[str]) -> str:
+    """The rows ``--keep-earlier`` took from the previous results file, named as the table does."""
+    if not kept:
+        return ""
+    rows = ", ".join(" ".join([LABELS[key.split("-")[0]], *key.split("-")[1:]]) for key in kept)
+    return f"\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): {rows}.\n"
 
 
 def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:

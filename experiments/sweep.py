@@ -264,6 +264,17 @@ def earlier_results(stem: Path) -> dict[str, Any]:
     return results if isinstance(results, dict) else {}
 
 
+def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[str]:
+    """``--keep-earlier`` for tables kept row by row: a row none of whose runs is in ``--runs-dir`` (made
+    on another machine) takes the value the previous ``<stem>.json`` recorded for it, whole (its seeds
+    are not mixed with new ones); returns the rows so kept."""
+    earlier = earlier_results(stem)
+    kept = [key for key, result in results.items() if not result.get("seeds") and earlier.get(key)]
+    for key in kept:
+        results[key] = earlier[key]
+    return kept
+
+
 def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:
     """The seeds asked for that have no finished run here but a value of ``key`` in ``earlier``."""
     have = set(done)

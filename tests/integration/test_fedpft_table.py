@@ -154,3 +154,34 @@ def test_a_one_panel_plot_is_wide_enough_for_its_title(tmp_path: Path) -> None:
     assert (top < 0.5).any(), "no title drawn"
     # A title wider than the figure is cut at both edges: ink in the outermost columns.
     assert (top[:, :3] > 0.9).all() and (top[:, -3:] > 0.9).all(), "the title runs off the figure"
+
+
+def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_path: Path) -> None:
+    """A row with no run here (run on another machine) keeps the previous results file's value, whole,
+    and the table names it; without the flag such a row is left out."""
+    config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
+    results = tmp_path / "results"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results)]
+    argv += ["--rows", "fedot", "fedpetuning", "--partitions", "iid", "dir10", "--set", "fed.rounds=1"]
+    fedpft_table.main([*argv, "--partitions", "iid"])  # the IID rows, as if made on another machine
+    earlier = json.loads((results / "table-fedpft-tiny.json").read_text())["results"]
+    for run in (tmp_path / "runs" / "fedpft-tiny").glob("*-iid-s0"):
+        (run / "metrics.jsonl").unlink()  # their runs are not here any more
+    elsewhere = ["--results-dir", str(tmp_path / "elsewhere")]  # the results page's file stays as it was
+    fedpft_table.main([*argv, "--partitions", "dir10", *elsewhere])  # the Dirichlet rows run here
+
+    fedpft_table.main([*argv, "--table-only", "--keep-earlier"])
+
+    kept = json.loads((results / "table-fedpft-tiny.json").read_text())["results"]
+    assert kept["fedot-lexclass-iid"] == earlier["fedot-lexclass-iid"]
+    assert kept["fedpetuning-lexclass-iid"] == earlier["fedpetuning-lexclass-iid"]
+    assert kept["fedot-lexclass-dir10"]["seeds"] == 1
+    text = (results / "table-fedpft-tiny.md").read_text()
+    assert (
+        "| FedOT (layer drop) | lexclass | iid |" in text
+        and "| FedOT (layer drop) | lexclass | dir10 |" in text
+    )
+    note = "Kept from the previous results file (no run of theirs here, `--keep-earlier`): "
+    assert note + "FedOT (layer drop) lexclass iid, FedPETuning (full model) lexclass iid." in text
+    fedpft_table.main([*argv, "--table-only"])  # without the flag a row with no run here is left out
+    assert "| FedOT (layer drop) | lexclass | iid |" not in (results / "table-fedpft-tiny.md").read_text()
