@@ -97,8 +97,9 @@ def table_parser(
         parser.add_argument(
             "--keep-earlier",
             action="store_true",
-            help="a seed asked for whose run is not in --runs-dir keeps the value the table's previous "
-            "results file recorded (runs made on another machine); the table names every seed so kept",
+            help="what has no run in --runs-dir (made on another machine) keeps the value the table's "
+            "previous results file recorded (a seed, or for FedBiOT and FedPFT a whole row); the table "
+            "names what it kept",
         )
     return parser
 
