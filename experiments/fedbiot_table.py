@@ -353,10 +353,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def kept_note(kept: list[str]) -> str:
-    if not kept:
-        return ""
-    rows = ", ".join(f"{LABELS.get(k.split('-d')[0], k)} d={k.split('-d')[-1]}" for k in kept)
-    return f"\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): {rows}.\n"
+    return sweep.kept_rows_note([f"{LABELS.get(k.split('-d')[0], k)} d={k.split('-d')[-1]}" for k in kept])
 
 
 MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))

@@ -322,10 +322,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def kept_note(kept: list[str]) -> str:
     """The rows ``--keep-earlier`` took from the previous results file, named as the table does."""
-    if not kept:
-        return ""
-    rows = ", ".join(" ".join([LABELS[key.split("-")[0]], *key.split("-")[1:]]) for key in kept)
-    return f"\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): {rows}.\n"
+    names = []
+    for key in kept:
+        row, dataset, part = key.split("-")
+        names.append(f"{LABELS[row]} {dataset} {part}")
+    return sweep.kept_rows_note(names)
 
 
 def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:

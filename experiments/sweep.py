@@ -276,6 +276,14 @@ def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[st
     return kept
 
 
+def kept_rows_note(names: list[str]) -> str:
+    """The line a table adds for the rows ``keep_earlier_rows`` kept, each under the name given."""
+    if not names:
+        return ""
+    rows = ", ".join(names)
+    return f"\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): {rows}.\n"
+
+
 def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:
     """The seeds asked for that have no finished run here but a value of ``key`` in ``earlier``."""
     have = set(done)
