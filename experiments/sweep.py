@@ -270,7 +270,11 @@ def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[st
     on another machine) takes the value the previous ``<stem>.json`` recorded for it, whole (its seeds
     are not mixed with new ones); returns the rows so kept."""
     earlier = earlier_results(stem)
-    kept = [key for key, result in results.items() if not result.get("seeds") and earlier.get(key)]
+    kept = [
+        key
+        for key, result in results.items()
+        if not result.get("seeds") and earlier.get(key, {}).get("seeds")
+    ]
     for key in kept:
         results[key] = earlier[key]
     return kept

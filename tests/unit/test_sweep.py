@@ -133,3 +133,15 @@ def test_the_rejection_note_tells_apart_runs_of_one_name_under_different_directo
     note = sweep.rejected_note([own, small], under=tmp_path)
     assert f"- fedpt-smollm2-l10/fedpt, round 1, c01: {why}" in note
     assert "- fedpt, round" not in note
+
+
+def test_keep_earlier_rows_keeps_only_rows_the_previous_file_had_results_for(tmp_path: Path) -> None:
+    """A row the previous write recorded as empty (no run anywhere) is not 'kept' again, nor named."""
+    earlier = {"a": {"seeds": 2, "accuracy": 50.0}, "b": {"seeds": 0}}
+    (tmp_path / "table-x.json").write_text(json.dumps({"results": earlier}))
+    results: dict[str, dict[str, object]] = {"a": {"seeds": 0}, "b": {"seeds": 0}, "c": {"seeds": 1}}
+
+    kept = sweep.keep_earlier_rows(results, tmp_path / "table-x")
+
+    assert kept == ["a"]
+    assert results == {"a": earlier["a"], "b": {"seeds": 0}, "c": {"seeds": 1}}
