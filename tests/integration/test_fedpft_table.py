@@ -168,7 +168,8 @@ def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_pa
     for run in (tmp_path / "runs" / "fedpft-tiny").glob("*-iid-s0"):
         (run / "metrics.jsonl").unlink()  # their runs are not here any more
     elsewhere = ["--results-dir", str(tmp_path / "elsewhere")]  # the results page's file stays as it was
-    fedpft_table.main([*argv, "--partitions", "dir10", *elsewhere])  # the Dirichlet rows run here
+    # FedOT's Dirichlet row runs here; FedPETuning's has no run anywhere, so it is neither kept nor named
+    fedpft_table.main([*argv, "--partitions", "dir10", "--rows", "fedot", *elsewhere])
 
     fedpft_table.main([*argv, "--table-only", "--keep-earlier"])
 
@@ -183,5 +184,6 @@ def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_pa
     )
     note = "Kept from the previous results file (no run of theirs here, `--keep-earlier`): "
     assert note + "FedOT (layer drop) lexclass iid, FedPETuning (full model) lexclass iid." in text
+    assert "| FedPETuning (full model) | lexclass | dir10 |" not in text
     fedpft_table.main([*argv, "--table-only"])  # without the flag a row with no run here is left out
     assert "| FedOT (layer drop) | lexclass | iid |" not in (results / "table-fedpft-tiny.md").read_text()
