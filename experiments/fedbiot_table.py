@@ -25,7 +25,9 @@ method at every round the runs evaluated (round 0: right after the initial disti
 method's best round beside its last, as the paper reports the best checkpoint of a long run
 (``configs/paper/fedbiot-math-traj.yaml``: 30 rounds, every client every round, evaluated every 10).
 ``--keep-earlier`` keeps, for a row none of whose runs is in ``--runs-dir`` (made on another machine), the
-value the previous results file recorded, and the table says which rows it kept.
+value the previous results file recorded, and the table says which rows it kept; in a row with runs here,
+a seed asked for whose run is not here takes the previous file's values for that seed (mean ± std over the
+merged seeds), and the table names those seeds (the trajectory keeps whole rows only).
 ``--set`` applies to every run, but never over what defines a row (a method's split, its ``align_steps``,
 the dropout, an ablation's key, I_0): ``--set fedbiot.align_steps=10`` sets FedBiOT's E and leaves
 Offsite-tuning's and FedOT's fixed emulator fixed.
@@ -336,13 +338,17 @@ def main(argv: list[str] | None = None) -> None:
     results = {key: summarise(paths, metric) for key, paths in dirs.items()}
     stem = args.results_dir / f"{'ablation' if args.ablation else 'table'}-{cfg.name}"
     kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
+    seeds_kept = sweep.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
     if args.ablation:
         text = ablation_markdown(cfg, metric, variants, results, command)
     else:
         text = markdown(cfg, metric, results, args.dropouts, command)
         plot(cfg, metric, results, args.dropouts, sweep.sibling(stem, ".png"))
-    rejected = sweep.rejected_note(path for paths in dirs.values() for path in paths)
-    sweep.write_table(stem, text + kept_note(kept) + rejected, cfg.name, command, results)
+    rejected = sweep.rejected_note(
+        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
+    )
+    text += kept_note(kept) + sweep.kept_seeds_note({row_name(k): v for k, v in seeds_kept.items()})
+    sweep.write_table(stem, text + rejected, cfg.name, command, results)
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
@@ -352,8 +358,14 @@ def main(argv: list[str] | None = None) -> None:
         sweep.write_table(stem, text, cfg.name, command, curves)
 
 
+def row_name(key: str) -> str:
+    """A results key as the notes name it: ``fedot-d0.5`` -> ``FedOT d=0.5`` (an ablation's key as is)."""
+    method, _, dropout = key.rpartition("-d")
+    return f"{LABELS[method]} d={dropout}" if method in LABELS else key
+
+
 def kept_note(kept: list[str]) -> str:
-    return sweep.kept_rows_note([f"{LABELS.get(k.split('-d')[0], k)} d={k.split('-d')[-1]}" for k in kept])
+    return sweep.kept_rows_note([row_name(k) for k in kept])
 
 
 MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))

@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     command = sweep.command_line(__file__, argv)
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
-    text += sweep.rejected_note(root / name for name in jobs)
+    text += sweep.rejected_note((root / name for name in jobs), earlier=stem if args.keep_earlier else None)
     sweep.write_table(stem, text, str(args.config), command, results)
     figure = plot(cfg, results, sweep.sibling(stem, ".png"))
     if figure is not None:

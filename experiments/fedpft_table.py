@@ -315,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.results_dir / f"table-{cfg.name}"
     kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
     text = markdown(cfg, results, suffixes, command) + kept_note(kept)
-    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
+    text += sweep.rejected_note(
+        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
+    )
     sweep.write_table(stem, text, cfg.name, command, results)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
 

@@ -391,7 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     results = tabulate(cfg, runs, memory, sweep.earlier_results(stem) if args.keep_earlier else None)
     command = sweep.command_line(__file__, argv)
     text = markdown(cfg, results, command)
-    text += sweep.rejected_note(path for seed_runs in runs.values() for path in seed_runs.values())
+    text += sweep.rejected_note(
+        (path for seed_runs in runs.values() for path in seed_runs.values()),
+        earlier=stem if args.keep_earlier else None,
+    )
     sweep.write_table(stem, text, cfg.name, command, results)
 
 

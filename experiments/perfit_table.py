@@ -426,7 +426,9 @@ def main(argv: list[str] | None = None) -> None:
             *by_sampling(rows, args.partitions),
             *overlap_lines(results.get("masks", {})),
         ]
-    ) + sweep.rejected_note(path for paths in dirs.values() for path in paths)
+    ) + sweep.rejected_note(
+        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
+    )
     sweep.write_table(stem, text, cfg.name, command, results)
 
 

@@ -194,24 +194,49 @@ def rejected_replies(run_dir: Path) -> list[tuple[int, str, str]]:
     ]
 
 
-def rejected_note(run_dirs: Iterable[Path], under: Path | None = None) -> str:
+REJECTED_HEAD = "Replies the server rejected, left out of their round's aggregate (run, round, client: why):"
+FROM_EARLIER = " (previous results file)"
+
+
+def rejected_note(run_dirs: Iterable[Path], under: Path | None = None, earlier: Path | None = None) -> str:
     """A table's note naming each reply its runs' servers rejected: such a row is not the method's plain
     average over the round's clients (the default median screen can turn away an honest client whose
     update diverged). A run is named by its directory's name, or by its path under ``under`` where runs
-    of one name live in several directories. "" when no run rejected any."""
+    of one name live in several directories. "" when no run rejected any.
+
+    ``earlier`` (``--keep-earlier``: the table's stem): a run of the table that is not here (made on
+    another machine; its values kept from the previous write) keeps the lines the previous ``<stem>.md``
+    gave it, marked as such; a run here is always read again."""
 
     def name(run_dir: Path) -> str:
         return run_dir.name if under is None else run_dir.relative_to(under).as_posix()
 
-    lines = [
-        f"- {name(run_dir)}, round {rnd}, {client}: {reason}"
-        for run_dir in run_dirs
-        for rnd, client, reason in rejected_replies(run_dir)
-    ]
+    lines = []
+    for run_dir in run_dirs:
+        if earlier is not None and not read_rows(run_dir):
+            lines += earlier_rejections(earlier, name(run_dir))
+        else:
+            replies = rejected_replies(run_dir)
+            lines += [f"- {name(run_dir)}, round {rnd}, {client}: {why}" for rnd, client, why in replies]
     if not lines:
         return ""
-    head = "Replies the server rejected, left out of their round's aggregate (run, round, client: why):"
-    return "\n\n" + head + "\n\n" + "\n".join(lines) + "\n"
+    return "\n\n" + REJECTED_HEAD + "\n\n" + "\n".join(lines) + "\n"
+
+
+def earlier_rejections(stem: Path, run: str) -> list[str]:
+    """The lines the previous ``<stem>.md`` gave run ``run`` in its rejection note, marked as kept."""
+    path = sibling(stem, ".md")
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    if REJECTED_HEAD not in text:
+        return []
+    note = text.split(REJECTED_HEAD, 1)[1].lstrip("\n").split("\n\n", 1)[0]  # the list under the heading
+    return [
+        line if line.endswith(FROM_EARLIER) else line + FROM_EARLIER
+        for line in note.splitlines()
+        if line.startswith(f"- {run}, round ")
+    ]
 
 
 def per_round_mb(rows: Iterable[Row], key: str, unit: float = 1e6) -> float:
@@ -278,6 +303,46 @@ def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[st
     for key in kept:
         results[key] = earlier[key]
     return kept
+
+
+def keep_earlier_seeds(
+    results: dict[str, dict[str, Any]], stem: Path, wanted: Iterable[int | str], skip: Iterable[str] = ()
+) -> dict[str, list[str]]:
+    """``--keep-earlier`` seed by seed, for the rows of ``results`` (not those in ``skip``) that have a
+    run here: a seed in ``wanted`` with no value here takes, in every per-seed value of the row
+    (``<key>_by_seed``), the one the previous ``<stem>.json`` recorded; each such key's mean and std are
+    recomputed (`over_seeds`) and ``seeds`` counts the row's seeds after the merge. A seed with a run
+    here is read from it, never from the file. Returns row -> the seeds so kept (rows that kept none
+    are left out)."""
+    earlier = earlier_results(stem)
+    asked = [str(seed) for seed in wanted]
+    kept: dict[str, list[str]] = {}
+    for key, result in results.items():
+        before = earlier.get(key, {})
+        if key in set(skip) or not result.get("seeds") or not isinstance(before, dict):
+            continue
+        taken: set[str] = set()
+        for name, values in before.items():
+            if not name.endswith("_by_seed") or not isinstance(values, dict):
+                continue
+            here = dict(result.get(name, {}))
+            extra = {seed: values[seed] for seed in asked if seed in values and seed not in here}
+            if extra:
+                result |= over_seeds(name.removesuffix("_by_seed"), here | extra)
+                taken |= set(extra)
+        if taken:
+            everyone = {seed for name, v in result.items() if name.endswith("_by_seed") for seed in v}
+            result["seeds"] = len(everyone)
+            kept[key] = sorted(taken, key=int)
+    return kept
+
+
+def kept_seeds_note(kept: Mapping[str, list[str]]) -> str:
+    """The line a table adds for the seeds ``keep_earlier_seeds`` kept, per row under the name given."""
+    if not kept:
+        return ""
+    rows = "; ".join(f"{name}: {', '.join(seeds)}" for name, seeds in kept.items())
+    return f"\n\nSeeds kept from the previous results file (their runs not here, `--keep-earlier`): {rows}.\n"
 
 
 def kept_rows_note(names: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from experiments import fedbiot_table
@@ -218,3 +219,42 @@ def test_summary_reads_the_adapter_shift_over_trained_rounds_and_seeds(tmp_path:
         "| eps0 | fedbiot.prox_eps=0 | 20.00 ± 0.00 | 30.00 ± 0.00 | - | - | 0.35 ± 0.15 | 3.50 ± 1.50 | 2 |"
         in table
     )
+
+
+def test_keep_earlier_merges_the_seeds_of_a_row_whose_other_seeds_are_elsewhere(tmp_path: Path) -> None:
+    """A row with seed 2's run here and seeds 0-1 run on another machine: with ``--keep-earlier`` the
+    seeds asked for that have no run here take the previous file's values, seed by seed (mean and std
+    over all of them), the seed that has a run here is read from it, a seed not asked for is not
+    taken, and the table names the kept seeds."""
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    results = tmp_path / "results"
+    results.mkdir()
+    run = tmp_path / "runs" / "fedbiot-tiny" / "fedot-d0.5-s2"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("fed:\n  rounds: 1\n")
+    trained = {"bytes_up": 10, "bytes_down": 20, "adapter_shift": 0.5, "eval": {"adapfu/perplexity": 6.0}}
+    rows = [{"round": 0}, {"round": 1, **trained}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    earlier = {
+        "seeds": 3,
+        "adapfu/perplexity": 4.0,
+        "adapfu/perplexity_by_seed": {"0": 3.0, "1": 5.0, "2": 9.0, "3": 7.0},
+        "adapter_shift_by_seed": {"0": 0.1, "1": 0.3, "3": 0.9},
+    }
+    (results / "table-fedbiot-tiny.json").write_text(json.dumps({"results": {"fedot-d0.5": earlier}}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results)]
+    argv += ["--methods", "fedot", "--dropouts", "0.5", "--seeds", "0", "1", "2", "--table-only"]
+    argv += ["--set", "eval.metrics=[perplexity]", "--keep-earlier"]
+
+    fedbiot_table.main(argv)
+
+    row = json.loads((results / "table-fedbiot-tiny.json").read_text())["results"]["fedot-d0.5"]
+    # seed 2 from its run here (6.0, not the earlier 9.0); seed 3 was not asked for
+    assert row["adapfu/perplexity_by_seed"] == {"0": 3.0, "1": 5.0, "2": 6.0}
+    assert row["adapfu/perplexity"] == pytest.approx(14.0 / 3)
+    assert row["adapfu/perplexity_std"] == pytest.approx(float(np.std([3.0, 5.0, 6.0])))
+    assert row["adapter_shift_by_seed"] == {"0": 0.1, "1": 0.3, "2": 0.5}
+    assert row["seeds"] == 3 and row["mb_up_per_round"] > 0
+    text = (results / "table-fedbiot-tiny.md").read_text()
+    assert "4.67 ± 1.25" in text
+    assert "Seeds kept from the previous results file" in text and "FedOT d=0.5: 0, 1" in text

@@ -135,6 +135,30 @@ def test_the_rejection_note_tells_apart_runs_of_one_name_under_different_directo
     assert "- fedpt, round" not in note
 
 
+def test_keep_earlier_keeps_the_rejections_of_runs_that_are_elsewhere(tmp_path: Path) -> None:
+    """A table rewritten with ``--keep-earlier`` keeps the rows of runs made on another machine, so it
+    keeps what its previous write said of their rejected replies too: a run not here keeps its lines
+    from the previous ``.md``; a run here is read again (its old lines go); a run not in the table
+    stays out."""
+    why = "update norm 25.83 exceeds 10 x the round's median update norm 1.173 (fed.screen)"
+    head = "Replies the server rejected, left out of their round's aggregate (run, round, client: why):"
+    old = [
+        f"- fedot-d0.5-s0, round 1, c09: {why}",
+        "- fedbiot-d0.5-s0, round 2, c01: stale",
+        "- other-d0.5-s0, round 1, c00: not this table's",
+    ]
+    (tmp_path / "table-x.md").write_text("# table\n\n" + head + "\n\n" + "\n".join(old) + "\n")
+    elsewhere = tmp_path / "runs" / "fedot-d0.5-s0"  # made on another machine: no run here
+    here = _run(tmp_path / "runs" / "fedbiot-d0.5-s0", [{"round": 0}, {"round": 1}, {"round": 2}])
+
+    note = sweep.rejected_note([elsewhere, here], earlier=tmp_path / "table-x")
+
+    assert f"- fedot-d0.5-s0, round 1, c09: {why} (previous results file)" in note
+    assert "stale" not in note and "other-d0.5" not in note
+    assert sweep.rejected_note([elsewhere, here]) == ""  # without --keep-earlier: the runs here only
+    assert sweep.rejected_note([elsewhere], earlier=tmp_path / "table-none") == ""
+
+
 def test_keep_earlier_rows_keeps_only_rows_the_previous_file_had_results_for(tmp_path: Path) -> None:
     """A row the previous write recorded as empty (no run anywhere) is not 'kept' again, nor named."""
     earlier = {"a": {"seeds": 2, "accuracy": 50.0}, "b": {"seeds": 0}}
