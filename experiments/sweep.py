@@ -315,11 +315,11 @@ def keep_earlier_seeds(
     here is read from it, never from the file. Returns row -> the seeds so kept (rows that kept none
     are left out)."""
     earlier = earlier_results(stem)
-    asked = [str(seed) for seed in wanted]
+    asked, skipped = [str(seed) for seed in wanted], set(skip)
     kept: dict[str, list[str]] = {}
     for key, result in results.items():
         before = earlier.get(key, {})
-        if key in set(skip) or not result.get("seeds") or not isinstance(before, dict):
+        if key in skipped or not result.get("seeds") or not isinstance(before, dict):
             continue
         taken: set[str] = set()
         for name, values in before.items():
