@@ -31,8 +31,11 @@ Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and s
 ``rounds-<config>`` (.md, .json, .png) gives every round of the FedMKT runs: the LLM's and each SLM's
 score, and how many public samples DualMinCE selected for the LLM and for the SLMs. Runs are subprocesses,
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
-``--set`` changes the config before the settings do (a run's own overrides win): with ``name=`` it
-gives a table and runs directory of their own, e.g. for a larger LLM beside the same SLMs.
+``--rows`` starts only the named rows' runs (``fedmkt``, ``standalone``, ``centralized``, ``llmpublic``,
+``fedavg``, ``llm2slm``; the Zero-shot row is the FedMKT run's round 0): a seed whose other rows were run
+elsewhere needs its FedMKT run alone. ``--set`` changes the config before the settings do (a run's own
+overrides win): with ``name=`` it gives a table and runs directory of their own, e.g. for a larger LLM
+beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept;
 the rounds file keeps such a seed's every round from its previous ``.json`` (a seed whole, never
@@ -136,6 +139,20 @@ def planned(
                 for seed in seeds:
                     out[f"{name}-s{seed}"] = [*extra, *overrides, f"seed={seed}"]
     return out
+
+
+# What ``--rows`` picks: the runs it names start (the Zero-shot row is the FedMKT run's round 0).
+ROWS = ("fedmkt", "standalone", "centralized", "llmpublic", "fedavg", "llm2slm")
+
+
+def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str]]:
+    """The runs of ``jobs`` (run directory name -> overrides, from `planned`) that make ``rows``."""
+
+    def row(name: str) -> str:
+        stem = name.rsplit("-s", 1)[0]
+        return "centralized" if "-centralized-" in stem else stem.rsplit("-", 1)[-1]
+
+    return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
 
 
 def slms(cfg: Any, setting: str) -> list[str]:
@@ -352,16 +369,26 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
         wins, seeds = sweep.seeds_holding(columns)
         return f", in {wins} of {seeds} seeds" if seeds > 1 else ""
 
+    def on_common(columns: list[dict[str, float]]) -> tuple[list[dict[str, float]], str]:
+        """The columns cut to the seeds they all have, and a note naming those seeds when a column
+        had others (the rows' runs were made at different times)."""
+        both = sweep.common_seeds(columns)
+        cut = [{seed: values[seed] for seed in both} for values in columns]
+        if not both or all(len(values) == len(both) for values in columns):
+            return cut, ""
+        which = f"seed {both[0]}" if len(both) == 1 else f"seeds {', '.join(both)}"
+        return cut, f" (on {which}, which every row compared has)"
+
     lines = []
     for name in names:
-        columns = [column(row, name) for row in ("zeroshot", "standalone", "fedmkt")]
+        columns, note = on_common([column(row, name) for row in ("zeroshot", "standalone", "fedmkt")])
         if all(columns):
             zero, alone, mkt = map(mean, columns)
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
-                f"{100 * mkt:.1f}: **{sweep.verdict([zero, alone, mkt])}**" + seeds_note(columns)
+                f"{100 * mkt:.1f}{note}: **{sweep.verdict([zero, alone, mkt])}**" + seeds_note(columns)
             )
-    columns = [column("zeroshot", "llm"), column("fedmkt", "llm")]
+    columns, note = on_common([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):
         zero, mkt = map(mean, columns)
         # the shared centralized runs may have seeds this setting's runs lack: compare on common seeds
@@ -374,7 +401,7 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             against = f" (Centralized {100 * mean({s: central[s] for s in both}):.1f} on the same {same}, "
             against += f"FedMKT - Centralized {100 * gap:+.1f})"
         lines.append(
-            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}: "
+            f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}{note}: "
             f"**{sweep.verdict([zero, mkt])}**" + seeds_note(columns)
         )
         public = column("llmpublic", "llm")
@@ -552,6 +579,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = sweep.table_parser(__doc__.splitlines()[0], keep_earlier=True)
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
     parser.add_argument("--datasets", nargs="+", default=["wic"], choices=list(DATASETS))
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=list(ROWS),
+        choices=ROWS,
+        help="start only these rows' runs (default: all); the table reads every row, --keep-earlier "
+        "keeping the values of runs made elsewhere",
+    )
     args = parser.parse_args(argv)
     cfg = sweep.load_config(args)
     root = args.runs_dir / cfg.name
@@ -559,8 +594,9 @@ def main(argv: list[str] | None = None) -> None:
     earlier = sweep.earlier_results(stem) if args.keep_earlier else None
     jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
     if not args.table_only:
+        started = pick_rows(jobs, args.rows)
         sweep.run_all(
-            args.config, {root / name: overrides for name, overrides in jobs.items()}, jobs=args.jobs
+            args.config, {root / name: overrides for name, overrides in started.items()}, jobs=args.jobs
         )
     command = sweep.command_line(__file__, argv)
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from experiments import fedmkt_table
 
+from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
 
@@ -240,3 +241,38 @@ def test_keep_earlier_carries_every_round_of_a_seed_whose_fedmkt_run_is_not_here
     assert (
         "instruct-hetero2" not in json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]
     )
+
+
+def test_the_ordering_compares_the_rows_on_the_seeds_they_all_have() -> None:
+    """A row with a seed the others lack (its runs done, the FedMKT run of that seed not yet) must not
+    move the means the ordering compares: seed 1's Standalone would pull its mean to 32.5 and read as
+    the ordering failing, when on the one seed every row has it holds."""
+    table = {
+        "zeroshot": {"s": {"0": 0.50}, "llm": {"0": 0.4}},
+        "standalone": {"s": {"0": 0.55, "1": 0.10}},
+        "fedmkt": {"s": {"0": 0.60, "2": 0.0}, "llm": {"0": 0.5, "1": 0.9}},
+    }
+    lines = fedmkt_table.ordering(table, ["s"])
+    assert lines == [
+        "- s: Zero-shot 50.0 < Standalone 55.0 < FedMKT 60.0 (on seed 0, which every row compared has): "
+        "**holds**",
+        "- LLM: Zero-shot 40.0 < FedMKT 50.0 (on seed 0, which every row compared has): **holds**",
+    ]
+    table["fedmkt"]["s"] = {"2": 0.0}  # no seed in common: nothing to compare
+    assert not any(line.startswith("- s:") for line in fedmkt_table.ordering(table, ["s"]))
+
+
+def test_rows_picks_which_runs_start_and_the_table_still_reads_every_row(tmp_path: Path) -> None:
+    """``--rows fedmkt`` starts the FedMKT run alone (the other rows' values kept from elsewhere)."""
+    cfg = load_config(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["hetero2"], [1], [])
+    picked = fedmkt_table.pick_rows(jobs, ["fedmkt"])
+    assert list(picked) == ["wic-hetero2-fedmkt-s1"]
+    slm = cfg.fedmkt.clients[0]
+    assert set(fedmkt_table.pick_rows(jobs, ["centralized", "llmpublic"])) == {
+        "wic-centralized-llm-s1",
+        *(f"wic-centralized-{name}-s1" for name in fedmkt_table.slms(cfg, "hetero2")),
+        "wic-llmpublic-s1",
+    }
+    assert f"wic-centralized-{slm}-s1" in jobs
+    assert fedmkt_table.pick_rows(jobs, list(fedmkt_table.ROWS)) == jobs
