@@ -211,10 +211,11 @@ def rejected_note(run_dirs: Iterable[Path], under: Path | None = None, earlier: 
     def name(run_dir: Path) -> str:
         return run_dir.name if under is None else run_dir.relative_to(under).as_posix()
 
+    kept = earlier_rejections(earlier) if earlier is not None else None
     lines = []
     for run_dir in run_dirs:
-        if earlier is not None and not read_rows(run_dir):
-            lines += earlier_rejections(earlier, name(run_dir))
+        if kept is not None and not read_rows(run_dir):
+            lines += [line for line in kept if line.startswith(f"- {name(run_dir)}, round ")]
         else:
             replies = rejected_replies(run_dir)
             lines += [f"- {name(run_dir)}, round {rnd}, {client}: {why}" for rnd, client, why in replies]
@@ -223,8 +224,8 @@ def rejected_note(run_dirs: Iterable[Path], under: Path | None = None, earlier: 
     return "\n\n" + REJECTED_HEAD + "\n\n" + "\n".join(lines) + "\n"
 
 
-def earlier_rejections(stem: Path, run: str) -> list[str]:
-    """The lines the previous ``<stem>.md`` gave run ``run`` in its rejection note, marked as kept."""
+def earlier_rejections(stem: Path) -> list[str]:
+    """The lines of the previous ``<stem>.md``'s rejection note (read once a table), marked as kept."""
     path = sibling(stem, ".md")
     if not path.is_file():
         return []
@@ -235,7 +236,7 @@ def earlier_rejections(stem: Path, run: str) -> list[str]:
     return [
         line if line.endswith(FROM_EARLIER) else line + FROM_EARLIER
         for line in note.splitlines()
-        if line.startswith(f"- {run}, round ")
+        if line.startswith("- ")
     ]
 
 
