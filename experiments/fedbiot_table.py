@@ -348,14 +348,14 @@ def main(argv: list[str] | None = None) -> None:
         (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
     )
     text += kept_note(kept) + sweep.kept_seeds_note({row_name(k): v for k, v in seeds_kept.items()})
-    sweep.write_table(stem, text + rejected, cfg.name, command, results)
+    sweep.write_table(stem, text + rejected, cfg.name, command, results, args)
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
         kept = sweep.keep_earlier_rows(curves, stem) if args.keep_earlier else []
         plot_trajectory(cfg, metric, curves, sweep.sibling(stem, ".png"))
         text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept) + rejected
-        sweep.write_table(stem, text, cfg.name, command, curves)
+        sweep.write_table(stem, text, cfg.name, command, curves, args)
 
 
 def row_name(key: str) -> str:
@@ -525,7 +525,7 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
             sweep.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
         ]
     )
-    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results)
+    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
 
 
 def init_summary(run_dirs: list[Path]) -> dict[str, Any]:

@@ -569,7 +569,7 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
                 curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
     text = rounds_markdown(cfg, curves, command, carried, root)
     results = {**curves, "carried": carried} if carried else curves
-    sweep.write_table(stem, text, str(args.config), command, results)
+    sweep.write_table(stem, text, str(args.config), command, results, args)
     figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     command = sweep.command_line(__file__, argv)
     text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
     text += sweep.rejected_note((root / name for name in jobs), earlier=stem if args.keep_earlier else None)
-    sweep.write_table(stem, text, str(args.config), command, results)
+    sweep.write_table(stem, text, str(args.config), command, results, args)
     figure = plot(cfg, results, sweep.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")

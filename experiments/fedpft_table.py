@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     text += sweep.rejected_note(
         (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
     )
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results, args)
     plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
 
 
@@ -394,7 +394,7 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
     )
     text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results, args)
     plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
     plot_lr_sweep_rounds(cfg, args, found, suffixes, sweep.sibling(stem, "-rounds.png"))
 

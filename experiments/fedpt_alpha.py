@@ -235,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="keep the runs the results json already has (studied earlier) beside the ones given now",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the results without the runs the results json has and this command does not give",
+    )
     args = parser.parse_args(argv)
     if not args.runs and not args.table_only:
         parser.error("name the finished runs to study (or --table-only)")
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             results = [r for r in earlier if r["run_dir"] not in studied] + results
             results.sort(key=lambda r: (r["method"] != "fedavg_pt", r["method"], int(r["seed"])))
     text = markdown(results, args.grid, command)
-    sweep.write_table(stem, text, args.name, command, results)
+    sweep.write_table(stem, text, args.name, command, results, args)
     plot(
         results, args.grid, sweep.sibling(stem, ".png"), f"{args.name}: perplexity by alpha (star: the pick)"
     )

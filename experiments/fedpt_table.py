@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
         (path for seed_runs in runs.values() for path in seed_runs.values()),
         earlier=stem if args.keep_earlier else None,
     )
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results, args)
 
 
 STUDY_METHODS = ("fedavg_small", "fedpt")
@@ -495,7 +495,7 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
     runs = (root / method for root in roots.values() for method in STUDY_METHODS)
     text += sweep.rejected_note(runs, under=Path(args.runs_dir))
     stem = args.results_dir / f"study-small-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results, args)
     plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
 
 

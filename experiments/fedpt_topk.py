@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     vocab = _vocab_size(large)
     command = sweep.command_line(__file__, argv)
     stem = args.results_dir / f"topk-{cfg.name}"
-    sweep.write_table(stem, markdown(cfg, results, vocab, command), cfg.name, command, results)
+    sweep.write_table(stem, markdown(cfg, results, vocab, command), cfg.name, command, results, args)
 
 
 def _vocab_size(model: str) -> str:

@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     ) + sweep.rejected_note(
         (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
     )
-    sweep.write_table(stem, text, cfg.name, command, results)
+    sweep.write_table(stem, text, cfg.name, command, results, args)
 
 
 if __name__ == "__main__":

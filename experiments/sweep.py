@@ -13,7 +13,9 @@ write the table. A table script keeps only its rows (name -> config overrides) a
 - Orderings compare means rounded to 12 decimals, so that means of the same fractions summed in
   another order compare equal: "holds", "does not hold", or "tie" where every mean is the same (a tie
   is never "holds").
-- Tables: ``<results dir>/table-<config name>.{md,json}`` (``bench.common.write_table``), plots beside.
+- Tables: ``<results dir>/table-<config name>.{md,json}`` (``write_table``), plots beside. A write that
+  would drop a value the previous ``.json`` has (its run not here, and no ``--keep-earlier``) is refused
+  unless ``--overwrite`` says so.
 - A table names every reply its runs' servers rejected (``rejected_note``): such a row is not the
   method's plain average.
 """
@@ -35,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import command_line, markdown_table, sibling, write_table
+from bench.common import command_line, markdown_table, sibling
+from bench.common import write_table as write_files
 
 __all__ = [
     "RESULTS_DIR",
@@ -74,6 +77,7 @@ __all__ = [
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 Row = dict[str, Any]
+KEEP_FLAGS = {"--keep-earlier": "keep_earlier", "--add": "add"}  # what keeps a table's earlier values
 
 
 # ---------------------------------------------------------------- command line
@@ -93,6 +97,12 @@ def table_parser(
         parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
     parser.add_argument("--table-only", action="store_true", help="tabulate existing runs, start nothing")
     parser.add_argument("--set", action="append", default=[], help="a config override for every run")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the table even where it drops values its previous results file has (whose runs are "
+        "not here); without it such a write is refused",
+    )
     if keep_earlier:
         parser.add_argument(
             "--keep-earlier",
@@ -238,6 +248,62 @@ def earlier_rejections(stem: Path) -> list[str]:
         for line in note.splitlines()
         if line.startswith("- ")
     ]
+
+
+def write_table(
+    stem: Path, text: str, config: str, command: str, results: Any, args: argparse.Namespace
+) -> None:
+    """``bench.common.write_table``, refusing (before anything is written) a table that would drop a value
+    its previous ``<stem>.json`` recorded, unless ``args.overwrite``: a seed or row whose run is not here
+    (made on another machine, or asked for no more) would otherwise vanish from the results file. Only
+    numbers count as values (a list of kept seeds is not one); a value that changes is no loss."""
+    if not getattr(args, "overwrite", False):
+        lost = dropped_values(earlier_results(stem), results)
+        if lost:
+            raise SystemExit(_refusal(sibling(stem, ".json"), lost, args))
+    write_files(stem, text, config, command, results)
+
+
+def _refusal(path: Path, lost: list[str], args: argparse.Namespace) -> str:
+    shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+    flag = next((flag for flag, name in KEEP_FLAGS.items() if hasattr(args, name)), None)
+    if flag is not None and getattr(args, KEEP_FLAGS[flag]):
+        why = f"not asked for ({flag} keeps only the seeds, rows and settings asked for)"
+        keep = "ask for them to keep them, or pass "
+    else:
+        why = "their runs are not here"
+        keep = f"pass {flag} to keep them, or " if flag else "pass "
+    count = f"{len(lost)} value{'' if len(lost) == 1 else 's'}"
+    return (
+        f"{path}: this write would drop {count} it records ({shown}): {why}; {keep}--overwrite to drop them"
+    )
+
+
+def dropped_values(earlier: Any, results: Any) -> list[str]:
+    """The paths (``key/key/...``) of the finite numbers in ``earlier`` that ``results`` lacks."""
+    now = json.loads(json.dumps(results))  # the keys as the file will have them
+
+    def present(path: tuple[str, ...]) -> bool:
+        tree = now
+        for key in path:
+            if not isinstance(tree, dict) or key not in tree:
+                return False
+            tree = tree[key]
+        return _is_value(tree)
+
+    return ["/".join(path) for path, value in _leaves(earlier) if _is_value(value) and not present(path)]
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, (*path, str(key)))
+    else:
+        yield path, tree
+
+
+def _is_value(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and bool(np.isfinite(value))
 
 
 def per_round_mb(rows: Iterable[Row], key: str, unit: float = 1e6) -> float:

@@ -154,8 +154,10 @@ def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_pa
     for stem in ("table", "trajectory"):
         text = (results / f"{stem}-fedbiot-tiny.md").read_text()
         assert "Kept from the previous results file" in text and ": FedOT d=0.5." in text, stem
-    # without the flag a row with no run here is empty, as before
-    fedbiot_table.main(argv)
+    # without the flag the row with no run here would be emptied: refused, unless asked for
+    with pytest.raises(SystemExit, match=r"table-fedbiot-tiny\.json: .*fedot-d0\.5/adapfu/perplexity"):
+        fedbiot_table.main(argv)
+    fedbiot_table.main([*argv, "--overwrite"])
     table = json.loads((results / "table-fedbiot-tiny.json").read_text())["results"]
     assert table["fedot-d0.5"]["seeds"] == 0
 
@@ -246,7 +248,11 @@ def test_keep_earlier_merges_the_seeds_of_a_row_whose_other_seeds_are_elsewhere(
     argv += ["--methods", "fedot", "--dropouts", "0.5", "--seeds", "0", "1", "2", "--table-only"]
     argv += ["--set", "eval.metrics=[perplexity]", "--keep-earlier"]
 
-    fedbiot_table.main(argv)
+    with pytest.raises(
+        SystemExit, match=r"drop 2 values .*fedot-d0\.5/adapfu/perplexity_by_seed/3.*not asked for"
+    ):
+        fedbiot_table.main(argv)  # seed 3, not asked for, would go
+    fedbiot_table.main([*argv, "--overwrite"])
 
     row = json.loads((results / "table-fedbiot-tiny.json").read_text())["results"]["fedot-d0.5"]
     # seed 2 from its run here (6.0, not the earlier 9.0); seed 3 was not asked for

@@ -110,7 +110,10 @@ def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
     assert "  - FedMKT: 0, 1" in table
     saved = json.loads((results_dir / "table-fedmkt-tiny.json").read_text())["results"]
     assert saved["carried"] == {"wic-one": {"fedmkt": ["0", "1"]}}
-    fedmkt_table.main(argv)  # without the flag nothing is kept: no runs, no table
+    with pytest.raises(SystemExit, match=r"table-fedmkt-tiny\.json: this write would drop 3 values"):
+        fedmkt_table.main(argv)  # without the flag the seeds made elsewhere would go: refused
+    assert "| FedMKT | 60.0" in (results_dir / "table-fedmkt-tiny.md").read_text()
+    fedmkt_table.main([*argv, "--overwrite"])  # asked for: nothing is kept, no runs, no table
     assert "| FedMKT |" not in (results_dir / "table-fedmkt-tiny.md").read_text()
 
 
@@ -211,7 +214,7 @@ def test_rounds_file_gives_every_round_of_the_fedmkt_run_with_the_samples_select
 def test_keep_earlier_carries_every_round_of_a_seed_whose_fedmkt_run_is_not_here(tmp_path: Path) -> None:
     """``--table-only --keep-earlier`` must not wipe the rounds file of seeds run elsewhere: a seed asked
     for with no finished FedMKT run here keeps all its rounds from the file's previous write, named as
-    kept; without the flag nothing is kept."""
+    kept; with `--overwrite` the seeds not asked for go."""
     results_dir = tmp_path / "results"
     results_dir.mkdir()
     slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
@@ -224,7 +227,7 @@ def test_keep_earlier_carries_every_round_of_a_seed_whose_fedmkt_run_is_not_here
     (results_dir / "rounds-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
     argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
     argv += ["--results-dir", str(results_dir), "--settings", "hetero2", "--datasets", "instruct"]
-    argv += ["--seeds", "0", "1", "--table-only", "--set=fed.rounds=2"]
+    argv += ["--seeds", "0", "1", "--table-only", "--set=fed.rounds=2", "--overwrite"]  # seed 5 goes
     fedmkt_table.main([*argv, "--keep-earlier"])
 
     saved = json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]
@@ -237,7 +240,7 @@ def test_keep_earlier_carries_every_round_of_a_seed_whose_fedmkt_run_is_not_here
     text = (results_dir / "rounds-fedmkt-tiny.md").read_text()
     assert "| 1 | 40.0 | 35.0 |" in text
     assert "kept from this file's previous results (runs not in" in text and ": 0" in text
-    fedmkt_table.main(argv)  # without the flag nothing is kept
+    fedmkt_table.main(argv)  # without the flag (and with --overwrite) nothing is kept
     assert (
         "instruct-hetero2" not in json.loads((results_dir / "rounds-fedmkt-tiny.json").read_text())["results"]
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from experiments import fedpft_table
 
@@ -158,7 +159,8 @@ def test_a_one_panel_plot_is_wide_enough_for_its_title(tmp_path: Path) -> None:
 
 def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_path: Path) -> None:
     """A row with no run here (run on another machine) keeps the previous results file's value, whole,
-    and the table names it; without the flag such a row is left out."""
+    and the table names it; without the flag the write is refused, and with ``--overwrite`` such a row
+    is left out."""
     config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
     results = tmp_path / "results"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results)]
@@ -185,5 +187,7 @@ def test_keep_earlier_keeps_the_rows_whose_runs_are_elsewhere_and_says_so(tmp_pa
     note = "Kept from the previous results file (no run of theirs here, `--keep-earlier`): "
     assert note + "FedOT (layer drop) lexclass iid, FedPETuning (full model) lexclass iid." in text
     assert "| FedPETuning (full model) | lexclass | dir10 |" not in text
-    fedpft_table.main([*argv, "--table-only"])  # without the flag a row with no run here is left out
+    with pytest.raises(SystemExit, match=r"would drop .*fedot-lexclass-iid/accuracy"):
+        fedpft_table.main([*argv, "--table-only"])  # without the flag the rows made elsewhere would go
+    fedpft_table.main([*argv, "--table-only", "--overwrite"])  # asked for: a row with no run is left out
     assert "| FedOT (layer drop) | lexclass | iid |" not in (results / "table-fedpft-tiny.md").read_text()

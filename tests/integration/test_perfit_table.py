@@ -90,7 +90,9 @@ def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
     table = (results_dir / "table-perfit-tiny.md").read_text()
     assert "| PerFIT s = 0.5 | pathological | 20.00 | 13.00 ± 1.00 |" in table
     assert "- PerFIT s = 0.5, pathological: seeds 0, 1" in table and "--keep-earlier" in table
-    perfit_table.main(argv)  # without the flag nothing is kept: no runs, no row
+    with pytest.raises(SystemExit, match=r"table-perfit-tiny\.json: this write would drop"):
+        perfit_table.main(argv)  # without the flag the seeds made elsewhere would go: refused
+    perfit_table.main([*argv, "--overwrite"])  # asked for: nothing is kept, no runs, no row
     assert "| PerFIT s = 0.5 |" not in (results_dir / "table-perfit-tiny.md").read_text()
     (results_dir / "table-perfit-tiny.json").write_text("{not json")
     with pytest.raises(SystemExit, match=r"table-perfit-tiny\.json: not a table's results file"):

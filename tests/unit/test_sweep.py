@@ -75,7 +75,10 @@ def test_a_finished_run_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_earlier_results_are_a_tables_previous_rows(tmp_path: Path) -> None:
     stem = tmp_path / "table-fedmkt-wic-llm1.5b"
     assert sweep.earlier_results(stem) == {}
-    sweep.write_table(stem, "# table", "config.yaml", "python experiments/x.py", {"row": {"llm": {"0": 0.5}}})
+    args = sweep.table_parser(None).parse_args(["config.yaml"])
+    sweep.write_table(
+        stem, "# table", "config.yaml", "python experiments/x.py", {"row": {"llm": {"0": 0.5}}}, args
+    )
     assert sweep.earlier_results(stem) == {"row": {"llm": {"0": 0.5}}}
     earlier = {"acc_by_seed": {"0": 1.0, "1": 2.0, "7": 3.0}}
     assert sweep.carried_seeds(earlier, "acc", ["0", "1", "2"], ["1"]) == ["0"]
@@ -169,3 +172,27 @@ def test_keep_earlier_rows_keeps_only_rows_the_previous_file_had_results_for(tmp
 
     assert kept == ["a"]
     assert results == {"a": earlier["a"], "b": {"seeds": 0}, "c": {"seeds": 1}}
+
+
+def test_a_table_is_not_rewritten_without_values_its_previous_file_has(tmp_path: Path) -> None:
+    """Rewriting a table from fewer runs than its previous write (the others made elsewhere, no
+    ``--keep-earlier``) would drop their values: refused, naming the file and what would go, and the files
+    are left as they were; ``--overwrite`` writes it all the same."""
+    stem = tmp_path / "table-fedmkt-wic-r5"
+    args = sweep.table_parser(None, keep_earlier=True).parse_args(["config.yaml"])
+    first = {"row": {"llm": {"0": 0.5, "1": 0.25}, "seeds": 2}, "carried": {"row": ["0"]}}
+    sweep.write_table(stem, "# first", "config.yaml", "python experiments/x.py", first, args)
+    fewer = {"row": {"llm": {"1": 0.25}, "seeds": 1}}  # seed 0's run is elsewhere; "carried" is no value
+    with pytest.raises(
+        SystemExit,
+        match=r"table-fedmkt-wic-r5\.json: .* 1 value .*row/llm/0.*runs are not here; pass --keep-earlier",
+    ):
+        sweep.write_table(stem, "# fewer", "config.yaml", "python experiments/x.py", fewer, args)
+    assert sweep.sibling(stem, ".md").read_text() == "# first\n"
+    assert sweep.earlier_results(stem) == first
+    more = {"row": {"llm": {"0": 0.5, "1": 0.75, "2": 0.0}, "seeds": 3}}  # a value may change, none go
+    sweep.write_table(stem, "# more", "config.yaml", "python experiments/x.py", more, args)
+    assert sweep.earlier_results(stem) == more
+    forced = sweep.table_parser(None).parse_args(["config.yaml", "--overwrite"])
+    sweep.write_table(stem, "# fewer", "config.yaml", "python experiments/x.py", fewer, forced)
+    assert sweep.earlier_results(stem) == fewer
