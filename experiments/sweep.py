@@ -268,7 +268,7 @@ def _refusal(path: Path, lost: list[str], args: argparse.Namespace) -> str:
     shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
     flag = next((flag for flag, name in KEEP_FLAGS.items() if hasattr(args, name)), None)
     if flag is not None and getattr(args, KEEP_FLAGS[flag]):
-        why = f"not asked for ({flag} keeps only the seeds, rows and settings asked for)"
+        why = f"their runs are not here and {flag} did not keep them (it keeps what is asked for, in tables)"
         keep = "ask for them to keep them, or pass "
     else:
         why = "their runs are not here"

@@ -249,7 +249,7 @@ def test_keep_earlier_merges_the_seeds_of_a_row_whose_other_seeds_are_elsewhere(
     argv += ["--set", "eval.metrics=[perplexity]", "--keep-earlier"]
 
     with pytest.raises(
-        SystemExit, match=r"drop 2 values .*fedot-d0\.5/adapfu/perplexity_by_seed/3.*not asked for"
+        SystemExit, match=r"drop 2 values .*fedot-d0\.5/adapfu/perplexity_by_seed/3.*did not keep them"
     ):
         fedbiot_table.main(argv)  # seed 3, not asked for, would go
     fedbiot_table.main([*argv, "--overwrite"])
