@@ -282,16 +282,8 @@ def _refusal(path: Path, lost: list[str], args: argparse.Namespace) -> str:
 def dropped_values(earlier: Any, results: Any) -> list[str]:
     """The paths (``key/key/...``) of the finite numbers in ``earlier`` that ``results`` lacks."""
     now = json.loads(json.dumps(results))  # the keys as the file will have them
-
-    def present(path: tuple[str, ...]) -> bool:
-        tree = now
-        for key in path:
-            if not isinstance(tree, dict) or key not in tree:
-                return False
-            tree = tree[key]
-        return _is_value(tree)
-
-    return ["/".join(path) for path, value in _leaves(earlier) if _is_value(value) and not present(path)]
+    have = {path for path, value in _leaves(now) if _is_value(value)}
+    return ["/".join(path) for path, value in _leaves(earlier) if _is_value(value) and path not in have]
 
 
 def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
