@@ -60,12 +60,30 @@ class Resources:
         return self.get(f"model/{spec.key}/{copy}", load)
 
     def tokenizer(self, spec: ModelSpec) -> PreTrainedTokenizerBase:
-        """``spec``'s tokenizer: the loaded model's if there is one, else the tokenizer alone."""
+        """``spec``'s tokenizer: the loaded model's if there is one, else the tokenizer alone (kept: a
+        process that never loads the model, as a Flower server, asks for it again every round)."""
+        held = self._held_tokenizer(spec)
+        return held if held is not None else self.get(f"tokenizer/{spec.key}", spec.load_tokenizer)
+
+    def vocab_size(self, spec: ModelSpec) -> int:
+        """``len`` of ``spec``'s tokenizer (added tokens included), keeping no tokenizer of its own.
+
+        A check made before the models load (FedMKT's ``top_k`` against every vocabulary) would otherwise
+        leave a second copy of each tokenizer beside the one its model brings when it loads: Gemma-3's
+        holds ~0.3 GB. The one loaded here to measure is dropped, and the model's reuses its memory.
+        """
+
+        def measure() -> int:
+            held = self._held_tokenizer(spec)
+            return len(held if held is not None else spec.load_tokenizer())
+
+        return self.get(f"vocab/{spec.key}", measure)
+
+    def _held_tokenizer(self, spec: ModelSpec) -> PreTrainedTokenizerBase | None:
+        """The loaded model's tokenizer, else one loaded alone earlier; None if neither."""
         loaded = self._cache.get(f"model/{spec.key}/")
-        if loaded is not None:
-            tokenizer: PreTrainedTokenizerBase = loaded[1]
-            return tokenizer
-        return self.get(f"tokenizer/{spec.key}", spec.load_tokenizer)
+        held: PreTrainedTokenizerBase | None = loaded[1] if loaded is not None else None
+        return held if held is not None else self._cache.get(f"tokenizer/{spec.key}")
 
     def base_lm(self) -> tuple[Any, PreTrainedTokenizerBase]:
         """The run's base model (``model:``)."""

@@ -181,7 +181,7 @@ def distill(ctx: ClientContext, msg: Payload) -> Payload:
     records = public_records(cfg, ctx.public)
     llm_spec = model_spec(cfg.model, cfg.seed)
     llm_view = public_view_of(cfg, ctx.resources, llm_spec, records)
-    llm_vocab = len(ctx.resources.tokenizer(llm_spec))
+    llm_vocab = ctx.resources.vocab_size(llm_spec)
     llm_knowledge = unpack_knowledge(msg, LLM, llm_view.counts, llm_vocab, cfg.section("fedmkt").top_k)
     teachers = transfer_rows(cfg, ctx.resources, llm_knowledge, llm_spec, spec, records)
     selected = dual_min_ce(llm_knowledge.losses[None, :], ctx.state["public_loss"]) != NOT_SELECTED

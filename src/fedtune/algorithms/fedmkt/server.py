@@ -94,7 +94,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
     def _vocabulary(self, server: ServerContext, spec: ModelSpec) -> int:
         """``spec``'s vocabulary size; a model that cannot be found names the config key that chose it."""
         try:
-            return len(server.resources.tokenizer(spec))
+            return server.resources.vocab_size(spec)
         except ModelError as exc:
             keys = [
                 f"fedmkt.clients[{i}]" for i, name in enumerate(self.section.clients) if name == spec.name
@@ -112,7 +112,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
             expected: dict[str, ArraySpec] = {}
             if federated:
                 counts = client.public_view_of(self.cfg, server.resources, spec, records).counts
-                vocab = len(server.resources.tokenizer(spec))
+                vocab = server.resources.vocab_size(spec)
                 top_k, compress = self.section.top_k, self.section.compress
                 expected.update(knowledge_spec(PUBLIC, counts, top_k, vocab, compress=compress))
             reference: dict[str, np.ndarray] | None = None
@@ -183,7 +183,7 @@ class FedMKT(Algorithm[FedMKTConfig]):
                 fed.traffic.rejected[client_id] = f"unexpected arrays: {', '.join(sorted(stray)[:5])}"
                 continue
             counts = client.public_view_of(self.cfg, server.resources, spec, records).counts
-            vocab = len(server.resources.tokenizer(spec))
+            vocab = server.resources.vocab_size(spec)
             try:
                 knowledge = unpack_knowledge(reply, PUBLIC, counts, vocab, self.section.top_k)
             except ValueError as exc:
