@@ -82,8 +82,7 @@ class Resources:
     def _held_tokenizer(self, spec: ModelSpec) -> PreTrainedTokenizerBase | None:
         """The loaded model's tokenizer, else one loaded alone earlier; None if neither."""
         loaded = self._cache.get(f"model/{spec.key}/")
-        held: PreTrainedTokenizerBase | None = loaded[1] if loaded is not None else None
-        return held if held is not None else self._cache.get(f"tokenizer/{spec.key}")
+        return loaded[1] if loaded is not None else self._cache.get(f"tokenizer/{spec.key}")
 
     def base_lm(self) -> tuple[Any, PreTrainedTokenizerBase]:
         """The run's base model (``model:``)."""
