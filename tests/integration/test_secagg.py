@@ -137,3 +137,38 @@ def test_every_method_that_supports_it_aggregates_securely_as_it_does_plainly(
     step = secagg.quantization_step(1.0, 20)
     for name, value in states[0].items():
         np.testing.assert_allclose(states[1][name], value, rtol=0, atol=4 * step, err_msg=name)
+
+
+def _secret_words(run_dir: Path) -> list[str]:
+    """Where a client's SecAgg secrets or held update could sit in the server's checkpoints."""
+    found = []
+    for path in sorted((run_dir / "checkpoints").rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        found += [f"{path.name}: {word}" for word in (b"secret:", b"mask_private", b"share_private") if word in data]
+    return found
+
+
+@pytest.mark.parametrize("stage", ["secagg_keys", "secagg_share", "secagg_mask", "secagg_unmask"])
+def test_a_dropped_clients_secrets_and_update_never_reach_the_servers_checkpoints(
+    stage: str, tmp_path: Path
+) -> None:
+    # Prepare: c02 drops at one stage of round 1; the run goes on to round 2.
+    cfg = tiny_config("fedit", *ONE_ROUND, "fed.rounds=2", "fed.keep_checkpoints=3", "secagg.enabled=true")
+
+    def lose(client: str, task: str, rnd: int) -> None:
+        if client == "c02" and task == stage and rnd == 1:
+            raise RuntimeError("connection lost")
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run", before_task=lose).run()
+
+    # Assert: both rounds ran, and no checkpoint holds a client's protocol state or its held update
+    assert [row["round"] for row in history] == [0, 1, 2]
+    assert "c02" in history[1]["failed"]
+    assert _secret_words(tmp_path / "run") == []
+    for number in (1, 2):
+        tree = load_checkpoint(tmp_path / "run" / "checkpoints" / f"round_{number:04d}")
+        for client, state in tree["federation"]["clients"].items():
+            assert not [key for key in state if "secagg" in key or "secret" in key], (number, client)

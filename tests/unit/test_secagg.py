@@ -101,6 +101,40 @@ def test_a_client_dropping_after_the_key_exchange_is_recovered(round_: Round, st
     assert np.abs(result.total / result.weight - mean / weights.sum()).max() < 6 * step
 
 
+def test_a_dropped_clients_secrets_leave_the_servers_memory_when_the_round_ends(round_: Round) -> None:
+    # Prepare: c02 drops after sharing its keys, so it never clears its protocol state itself.
+    round_.fed.before_task = drop_in("secagg_mask", "c02")
+    round_.run()
+    assert secagg.STATE in round_.fed.states["c02"]
+
+    # Execute: what a checkpoint of the round would hold, then the next round's start
+    saved = round_.fed.state_dict()["clients"]["c02"]
+    round_.fed.begin_round(2)
+
+    # Assert: neither the checkpoint nor the process keeps its keys, seed or update
+    assert saved == {}
+    assert round_.fed.states["c02"] == {}
+
+
+def test_a_supernode_writes_no_round_secret_to_its_disk(tmp_path: Path) -> None:
+    # Prepare: a Flower node runtime running the key stage on a client that holds an update.
+    from fedtune.flower.node import NodeRuntime, execute, load_state
+
+    runtime = NodeRuntime(validate_config({}), "c00", [], None, tmp_path, secagg.client_tasks())
+    held = {"round": 1, "keys": ["w"], "update": np.ones(3, np.float32), "weight": 1}
+
+    # Execute
+    outcome = execute(runtime, "secagg_keys", 1, {"round": 1}, {secagg.UPDATE: held, "kept": {"x": 1}})
+
+    # Assert: the keys go back to the SuperNode's memory for the next stage, never to the client's disk;
+    # a later round's task forgets them
+    assert outcome.error is None and outcome.state is not None
+    assert secagg.STATE in outcome.state and secagg.UPDATE in outcome.state
+    assert load_state(tmp_path, 2) == {"kept": {"x": 1}}
+    later = execute(runtime, "secagg_keys", 2, {"round": 2}, dict(outcome.state))
+    assert later.error is not None and "no update of this round" in later.error
+
+
 def test_a_survivor_silent_at_unmasking_is_covered_by_the_other_shares(round_: Round) -> None:
     round_.fed.before_task = drop_in("secagg_unmask", "c03")
     result = round_.run()

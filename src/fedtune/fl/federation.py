@@ -46,6 +46,25 @@ class ClientContext:
 
 ClientTask = Callable[[ClientContext, Payload], Payload]
 
+SECRET = "secret:"
+"""Client state entries named with this prefix are the client's secrets of one round (SecAgg's private
+keys, self-mask seed and held update). They live only in the client's memory: no checkpoint, the server's
+or the client's own, ever holds them, and they are forgotten when a later round begins. Each is a dict
+with the ``round`` it belongs to."""
+
+
+def durable_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` without its round secrets: what may be written to a checkpoint."""
+    return {key: value for key, value in state.items() if not key.startswith(SECRET)}
+
+
+def forget_secrets(state: dict[str, Any], keep_round: int | None = None) -> None:
+    """Drop ``state``'s round secrets in place, all of them or all but those of ``keep_round``."""
+    for key in [k for k in state if k.startswith(SECRET)]:
+        entry = state[key]
+        if keep_round is None or not isinstance(entry, dict) or entry.get("round") != keep_round:
+            del state[key]
+
 
 @dataclass
 class ServerContext:

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedtune.errors import RunError
-from fedtune.fl.federation import ClientContext, ClientTask, Federation, Traffic
+from fedtune.fl.federation import SECRET, ClientContext, ClientTask, Federation, Traffic
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ArraySpec, Expect, ReplySpec
 
@@ -51,10 +51,12 @@ log = logging.getLogger("fedtune.secagg")
 
 MODULUS_BITS = 32
 """Masked vectors live in Z_(2^32): uint32 arithmetic wraps exactly."""
-STATE = "secagg"
-"""The client state entry the protocol keeps between its stages (cleared after unmasking)."""
-UPDATE = "secagg_update"
-"""The client state entry holding the update the update task left for the protocol."""
+STATE = f"{SECRET}secagg"
+"""The client state entry the protocol keeps between its stages (cleared after unmasking). A round secret
+(``federation.SECRET``): never checkpointed, forgotten when the next round begins, so a client that drops
+mid-protocol leaves its keys and seed nowhere but its own memory."""
+UPDATE = f"{SECRET}secagg_update"
+"""The client state entry holding the update the update task left for the protocol (a round secret)."""
 TASKS = ("secagg_keys", "secagg_share", "secagg_mask", "secagg_unmask")
 
 

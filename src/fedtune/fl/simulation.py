@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedtune.data.records import Record
-from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
+from fedtune.fl.federation import (
+    ClientContext,
+    ClientTask,
+    Traffic,
+    durable_state,
+    forget_secrets,
+    per_client_payload,
+    seeded_sample,
+)
 from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
 from fedtune.fl.validation import Expect, ReplyRejected, check_reply, drop_outliers
 
@@ -74,6 +82,10 @@ class InProcessFederation:
     def begin_round(self, rnd: int) -> None:
         self.rnd = rnd
         self.traffic = Traffic()
+        # A client that dropped mid-protocol never got to clear its round secrets; they are of no use to
+        # a later round, and the server process must not keep them.
+        for state in self.states.values():
+            forget_secrets(state)
 
     def _context(self, client: str) -> ClientContext:
         report = self._reporter(client) if self._reporter else None
@@ -148,7 +160,7 @@ class InProcessFederation:
         return reply
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clients": self.states}
+        return {"clients": {cid: durable_state(state) for cid, state in self.states.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("clients", {})

@@ -126,7 +126,7 @@ def execute(
     runtime: NodeRuntime, task: str, rnd: int, payload: Payload, state: dict[str, Any] | None
 ) -> Outcome:
     """Run ``task`` of round ``rnd``; ``state`` None means: this client's state from its disk."""
-    from fedtune.fl.federation import ClientContext
+    from fedtune.fl.federation import ClientContext, durable_state, forget_secrets
 
     start = time.perf_counter()
     had_state = state is not None and bool(state)
@@ -142,6 +142,7 @@ def execute(
         public=runtime.public,
     )
     had_state = had_state or bool(ctx.state)
+    forget_secrets(ctx.state, keep_round=rnd)  # a round this client dropped out of left them
     try:
         before = _hook(BEFORE_TASK_ENV)
         if before is not None:
@@ -156,8 +157,8 @@ def execute(
     except Exception as exc:
         return Outcome(None, f"{type(exc).__name__}: {exc}", False, None, time.perf_counter() - start)
     keep = ctx.state if (ctx.state or had_state) else None
-    if keep is not None:
-        save_state(runtime.workdir, rnd, keep)
+    if keep is not None:  # the round's secrets stay in the SuperNode's memory (context.state), off disk
+        save_state(runtime.workdir, rnd, durable_state(keep))
     return Outcome(reply, None, False, keep, time.perf_counter() - start)
 
 
