@@ -24,6 +24,7 @@ from fedtune.proxy import ProxyTunedLM, VocabMismatch
 from fedtune.proxy.http_source import (
     HTTPLogitSource,
     HTTPSettings,
+    LargeModelMisbehaved,
     LargeModelRefused,
     LargeModelUnavailable,
 )
@@ -267,3 +268,30 @@ def test_the_cli_names_an_absent_large_model(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "http://127.0.0.1:9/v1" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+class Inflating(LogitsService):
+    """A server whose prompt log-probabilities are all 5 nats too high: a teacher better than any model."""
+
+    def _prompt_logprobs(self, ids: list[int]) -> torch.Tensor:
+        return super()._prompt_logprobs(ids) + 5.0
+
+
+def test_a_run_against_a_lying_large_model_stops_before_training_on_it(
+    service: LogitsService, tmp_path: Path
+) -> None:
+    # Prepare: the honest model behind a server that inflates every log-probability
+    lying = Inflating(service.model, service.tokenizer, LARGE, max_logprobs=-1)
+    with BackgroundServer(build_app(lying)) as running:
+        cfg = tiny_config("fedpt", f"fedpt.large_model={running.url}", *HTTP_RUN)
+
+        # Execute
+        with pytest.raises(LargeModelMisbehaved) as failure:
+            quiet_runner(cfg, tmp_path / "run").run()
+
+    # Assert: the reason names the URL, the position and the value; nothing was distilled from it
+    assert running.url in str(failure.value) and "3 attempts" in str(failure.value)
+    # Each value alone could be a log-probability (the tiny model is near uniform over 262 ids); together
+    # they hold far more than probability 1.
+    assert "prompt position 1: the named ids hold probability" in str(failure.value)
+    assert not (tmp_path / "run" / "artifacts").exists()

@@ -24,11 +24,22 @@ nothing is filled and the rows equal the model's log-softmax. In proxy-tuned dec
 therefore the large model's top ``k`` (exact values) and every other token at the residual value plus
 the small models' difference: the union of the large model's top ``k`` and the small models' support.
 
+**What an answer must mean.** A server is trusted with nothing its answer can be checked on: every
+log-probability must be a finite number <= 0, each position's named ids must be distinct ids of the
+vocabulary (``0 <= id < V``) holding a total probability of at most ``1 + MASS_TOLERANCE``, and every
+prompt position must name the prompt's own token (so the labelled token's value is exact, never a
+fill). An answer that breaks a rule is ``AnswerRejected`` naming the URL, the position, the id and the
+value; it is retried like a failed request, and after the last retry ``LargeModelMisbehaved`` stops the
+round with the reason. A lying server therefore cannot feed NaN into distillation or fake a likelier
+teacher.
+
 Rows are sent concurrently (``concurrency`` threads); a request that fails to connect, times out, or
 is answered 408, 429 or 5xx is retried ``retries`` times with exponential backoff (``backoff * 2**i``
 seconds), then ``LargeModelUnavailable`` names the URL and what to do. Any other 4xx is
-``LargeModelRefused`` with the server's message. ``usage`` counts requests, retries, bytes each way and
-the wall-clock seconds callers waited (FedPT reports them per round as ``api_*``).
+``LargeModelRefused`` with the server's message. ``timeout`` is a total deadline for each attempt
+(connect, send, headers and body together): a server that trickles its answer a byte at a time is cut
+off when the deadline passes, not kept alive by every byte. ``usage`` counts requests, retries, bytes
+each way and the wall-clock seconds callers waited (FedPT reports them per round as ``api_*``).
 """
 
 from __future__ import annotations
@@ -37,12 +48,13 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 import torch
 from torch import Tensor
@@ -67,6 +79,10 @@ RETRY_STATUS = frozenset({408, 429})
 """4xx statuses worth retrying (a timeout, too many requests); every 5xx is retried too."""
 API_KEY_ENV = "FEDTUNE_LARGE_API_KEY"
 """The environment variable holding the bearer token FedPT sends to its large model's server."""
+MASS_TOLERANCE = 1e-3
+"""How far above 1 a position's named probabilities may sum (the server's rounding), and no further."""
+LOGPROB_TOLERANCE = 1e-4
+"""How far above 0 a log-probability may be (rounding of a near-certain token); it is read as 0."""
 
 
 class LargeModelUnavailable(RunError):
@@ -75,6 +91,60 @@ class LargeModelUnavailable(RunError):
 
 class LargeModelRefused(RunError):
     """The large model's server answered a request with an error that retrying cannot fix."""
+
+
+class LargeModelMisbehaved(RunError):
+    """The large model's server kept answering with values no distribution has (module docstring)."""
+
+
+class AnswerRejected(ValueError):
+    """One answer broke a rule of what log-probabilities mean; the message says where and how."""
+
+
+def checked_position(entries: Mapping[Any, Any], width: int, where: str) -> dict[int, float]:
+    """One position's ``{id: logprob}`` after the rules of the module docstring (``where`` names it)."""
+    out: dict[int, float] = {}
+    for key, value in entries.items():
+        try:
+            token = _token_id(str(key))
+        except ValueError:
+            raise AnswerRejected(f"{where}: {key!r} is not a token id") from None
+        raw = value.get("logprob") if isinstance(value, Mapping) else value
+        try:
+            logprob = float(raw)
+        except (TypeError, ValueError):
+            raise AnswerRejected(f"{where}, id {token}: log-probability {raw!r} is not a number") from None
+        if not 0 <= token < width:
+            raise AnswerRejected(f"{where}: id {token} is outside the vocabulary (0..{width - 1})")
+        if not math.isfinite(logprob) or logprob > LOGPROB_TOLERANCE:
+            raise AnswerRejected(
+                f"{where}, id {token}: log-probability {logprob!r} (must be finite and <= 0)"
+            )
+        if token in out:
+            raise AnswerRejected(f"{where}: id {token} is named twice")
+        out[token] = min(logprob, 0.0)
+    mass = math.fsum(math.exp(v) for v in out.values())
+    if mass > 1 + MASS_TOLERANCE:
+        raise AnswerRejected(f"{where}: the named ids hold probability {mass:.6g}, more than 1")
+    return out
+
+
+def checked_prompt(positions: Sequence[Any], tokens: Sequence[int], width: int) -> list[dict[int, float]]:
+    """A prompt's per-position entries, checked, each naming the prompt's own token (position 0: none)."""
+    rows: list[dict[int, float]] = [{}]
+    for position in range(1, len(tokens)):
+        entries = positions[position]
+        where = f"prompt position {position}"
+        if not isinstance(entries, Mapping):
+            raise AnswerRejected(f"{where}: no log-probabilities ({entries!r})")
+        row = checked_position(entries, width, where)
+        if tokens[position] not in row:
+            raise AnswerRejected(
+                f"{where}: the prompt's own token {tokens[position]} is missing, so its log-probability "
+                "would be a guess"
+            )
+        rows.append(row)
+    return rows
 
 
 def is_api_url(value: str) -> bool:
@@ -97,6 +167,65 @@ def check_api_url(value: str) -> str:
     if parts.query or parts.fragment:
         raise ValueError("an API URL takes no query or fragment")
     return value.rstrip("/")
+
+
+_deadline = threading.local()
+"""The monotonic time by which this thread's current request must be done (``_deadline.at``)."""
+
+
+def _remaining(timeout: float | None) -> float | None:
+    """``timeout`` cut to what is left of the current request's deadline; ReadTimeout once it passed."""
+    at = getattr(_deadline, "at", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise httpcore.ReadTimeout("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket stream whose every read and write ends by the request's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, _remaining(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, _remaining(timeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        return _DeadlineStream(self.inner.start_tls(*args, **kwargs))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.SyncBackend):
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(host, port, _remaining(timeout), local_address, socket_options)
+        return _DeadlineStream(stream)
+
+
+class _DeadlineTransport(httpx.HTTPTransport):
+    """httpx's transport over a connection pool whose sockets honour a per-request deadline: httpx's own
+    timeouts bound each socket operation, so a server sending a byte just before each one ran forever."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(network_backend=_DeadlineBackend())
 
 
 @dataclass
@@ -161,10 +290,6 @@ def _token_id(key: str) -> int:
     return int(key[len("token_id:") :] if key.startswith("token_id:") else key)
 
 
-def _logprob(value: Any) -> float:
-    return float(value["logprob"] if isinstance(value, Mapping) else value)
-
-
 class HTTPLogitSource:
     """A large model's next-token log-probabilities from an OpenAI-compatible server (module docstring).
 
@@ -181,6 +306,7 @@ class HTTPLogitSource:
         model: str | None = None,
         settings: HTTPSettings | None = None,
         api_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         try:
             self.url = check_api_url(url)
@@ -192,7 +318,11 @@ class HTTPLogitSource:
         self._tokenizer = tokenizer
         self.max_model_len: int | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(self.settings.timeout))
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(self.settings.timeout),
+            transport=transport if transport is not None else _DeadlineTransport(),
+        )
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.usage = APIUsage()
@@ -337,52 +467,55 @@ class HTTPLogitSource:
         return max(1, min(self.settings.top_k, self.vocab_width))
 
     def _prompt_logprobs(self, tokens: list[int]) -> list[dict[int, float]]:
-        """Each prompt position's known ``{id: logprob}`` (position 0: empty)."""
-        reply = self._post(
-            f"{self.url}/completions",
-            {
-                "model": self.model,
-                "prompt": tokens,
-                "max_tokens": 0,
-                "echo": True,
-                "prompt_logprobs": self._k(),
-                "return_tokens_as_token_ids": True,
-            },
-        )
-        positions = self._choice(reply).get("prompt_logprobs")
-        if not isinstance(positions, list) or len(positions) != len(tokens):
-            got = len(positions) if isinstance(positions, list) else "no"
-            raise LargeModelRefused(
-                f"the server at {self.url} returned {got} prompt log-probabilities for a prompt of "
-                f"{len(tokens)} tokens: it must support vLLM's prompt_logprobs (with vLLM, also turn off "
-                "prefix caching: --no-enable-prefix-caching)"
-            )
-        return [{_token_id(k): _logprob(v) for k, v in (entry or {}).items()} for entry in positions]
+        """Each prompt position's known ``{id: logprob}`` (position 0: empty), checked."""
+        body = {
+            "model": self.model,
+            "prompt": tokens,
+            "max_tokens": 0,
+            "echo": True,
+            "prompt_logprobs": self._k(),
+            "return_tokens_as_token_ids": True,
+        }
+
+        def read(reply: Mapping[str, Any]) -> list[dict[int, float]]:
+            positions = self._choice(reply).get("prompt_logprobs")
+            if not isinstance(positions, list) or len(positions) != len(tokens):
+                got = len(positions) if isinstance(positions, list) else "no"
+                raise LargeModelRefused(
+                    f"the server at {self.url} returned {got} prompt log-probabilities for a prompt of "
+                    f"{len(tokens)} tokens: it must support vLLM's prompt_logprobs (with vLLM, also turn "
+                    "off prefix caching: --no-enable-prefix-caching)"
+                )
+            return checked_prompt(positions, tokens, self.vocab_width)
+
+        return self._post(f"{self.url}/completions", body, read)
 
     def _next_logprobs(self, tokens: list[int]) -> dict[int, float]:
-        """The known ``{id: logprob}`` of the token after ``tokens``."""
-        reply = self._post(
-            f"{self.url}/completions",
-            {
-                "model": self.model,
-                "prompt": tokens,
-                "max_tokens": 1,
-                "logprobs": self._k(),
-                "temperature": 0.0,
-                "return_tokens_as_token_ids": True,
-            },
-        )
-        logprobs = self._choice(reply).get("logprobs") or {}
-        top = (logprobs.get("top_logprobs") or [None])[0]
-        if not isinstance(top, Mapping) or not top:
-            raise LargeModelRefused(f"the server at {self.url} returned no top log-probabilities (logprobs)")
-        try:
-            return {_token_id(k): _logprob(v) for k, v in top.items()}
-        except ValueError:
-            raise LargeModelRefused(
-                f"the server at {self.url} names tokens by text, not id: it must honour "
-                "return_tokens_as_token_ids (vLLM does)"
-            ) from None
+        """The known ``{id: logprob}`` of the token after ``tokens``, checked."""
+        body = {
+            "model": self.model,
+            "prompt": tokens,
+            "max_tokens": 1,
+            "logprobs": self._k(),
+            "temperature": 0.0,
+            "return_tokens_as_token_ids": True,
+        }
+
+        def read(reply: Mapping[str, Any]) -> dict[int, float]:
+            logprobs = self._choice(reply).get("logprobs") or {}
+            top = (logprobs.get("top_logprobs") or [None])[0]
+            if not isinstance(top, Mapping) or not top:
+                raise LargeModelRefused(
+                    f"the server at {self.url} returned no top log-probabilities (logprobs)"
+                )
+            if not all(str(key).removeprefix("token_id:").lstrip("-").isdigit() for key in top):
+                raise LargeModelRefused(
+                    f"the server at {self.url} names tokens by text, not id: it must honour "
+                    "return_tokens_as_token_ids (vLLM does)"
+                )
+            return checked_position(top, self.vocab_width, f"the next token after {len(tokens)} tokens")
+
+        return self._post(f"{self.url}/completions", body, read)
 
     def _choice(self, reply: Mapping[str, Any]) -> Mapping[str, Any]:
         choices = reply.get("choices")
@@ -392,24 +525,28 @@ class HTTPLogitSource:
         return choice
 
     def _get(self, path: str) -> dict[str, Any]:
-        return self._request("GET", f"{self.url}{path}", None)
+        return self._request("GET", f"{self.url}{path}", None, _as_is)
 
-    def _post(self, url: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        return self._request("POST", url, json.dumps(payload, separators=(",", ":")).encode())
+    def _post(
+        self, url: str, payload: Mapping[str, Any], read: Callable[[dict[str, Any]], T] | None = None
+    ) -> Any:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        return self._request("POST", url, body, read if read is not None else _as_is)
 
-    def _request(self, method: str, url: str, body: bytes | None) -> dict[str, Any]:
-        """One request, retried with backoff on connection failures, timeouts, 408/429 and 5xx."""
+    def _request(self, method: str, url: str, body: bytes | None, read: Callable[[dict[str, Any]], T]) -> T:
+        """One request, retried with backoff on connection failures, timeouts, 408/429, 5xx and answers
+        ``read`` rejects (``AnswerRejected``); ``read``'s value of the first good answer."""
         settings = self.settings
         started = time.monotonic()
         problem = ""
+        rejected = False
         for attempt in range(settings.retries + 1):
             if attempt:
                 with self._lock:
                     self.usage.retries += 1
                 time.sleep(settings.backoff * 2 ** (attempt - 1))
             try:
-                headers = {"Content-Type": "application/json"} if body is not None else {}
-                response = self._client.request(method, url, content=body, headers=headers)
+                response = self._send(method, url, body)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 continue
@@ -419,22 +556,49 @@ class HTTPLogitSource:
                 self.usage.bytes_down += len(response.content)
             if response.status_code < 400:
                 try:
-                    answer: dict[str, Any] = response.json()
-                except ValueError:
-                    raise LargeModelRefused(
-                        f"{method} {url} answered with something that is not JSON"
-                    ) from None
-                return answer
+                    return read(self._json(method, url, response))
+                except AnswerRejected as exc:
+                    problem, rejected = str(exc), True
+                    continue
             problem = f"HTTP {response.status_code}: {self._error_message(response)}"
+            rejected = False
             if response.status_code in RETRY_STATUS or response.status_code >= 500:
                 continue
             raise LargeModelRefused(self._refusal(method, url, response.status_code, problem))
+        if rejected:
+            raise LargeModelMisbehaved(
+                f"the large model at {self.url} answered {method} {url} with values that are not "
+                f"log-probabilities in each of {settings.retries + 1} attempts (last: {problem}); nothing "
+                "from it was used. Check the server (or what stands between it and this run), then "
+                "`fedtune resume RUN_DIR`"
+            )
         raise LargeModelUnavailable(
             f"the large model at {self.url} did not answer {method} {url} after {settings.retries + 1} "
             f"attempts over {time.monotonic() - started:.1f} s (last: {problem}). Is its server running? "
             "Start it (`fedtune serve MODEL`, or vLLM's OpenAI server) and continue with `fedtune resume "
             "RUN_DIR`; fedpt.api_retries and fedpt.api_backoff set how long to wait"
         )
+
+    def _send(self, method: str, url: str, body: bytes | None) -> httpx.Response:
+        """The response, read whole within ``settings.timeout`` from the start (a total deadline)."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        _deadline.at = time.monotonic() + self.settings.timeout
+        try:
+            return self._client.request(method, url, content=body, headers=headers)
+        finally:
+            _deadline.at = None
+
+    @staticmethod
+    def _json(method: str, url: str, response: httpx.Response) -> dict[str, Any]:
+        try:
+            answer = response.json()
+        except ValueError:
+            raise LargeModelRefused(f"{method} {url} answered with something that is not JSON") from None
+        if not isinstance(answer, dict):
+            raise AnswerRejected(
+                f"{method} {url} answered with a JSON {type(answer).__name__}, not an object"
+            )
+        return answer
 
     @staticmethod
     def _error_message(response: httpx.Response) -> str:
@@ -479,6 +643,10 @@ class HTTPLogitSource:
         self._client.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+def _as_is(answer: dict[str, Any]) -> dict[str, Any]:
+    return answer
 
 
 def api_usage(source: object) -> APIUsage | None:

@@ -42,7 +42,8 @@ class FedPTConfig(AlgorithmConfig):
     """With an API: log-probabilities asked per position (at most the server's `--max-logprobs`); the
     rest of the vocabulary is filled from the residual mass."""
     api_timeout: float = Field(60.0, gt=0)
-    """With an API: seconds a request may take."""
+    """With an API: seconds one attempt of a request may take in all (connect, send, the whole answer): a
+    deadline, not a gap between bytes."""
     api_retries: int = Field(4, ge=0)
     """With an API: retries of a request that failed to connect, timed out or got 408/429/5xx."""
     api_backoff: float = Field(0.5, ge=0)
