@@ -515,6 +515,19 @@ def _secagg_problem(cfg: ExperimentConfig, section: AlgorithmConfig) -> str | No
             )
         cfg.fed.screen = None
     clients = cfg.data.partition.num_clients
+    per_round = cfg.fed.clients_per_round
+    expected = per_round if per_round is not None else max(1, round(cfg.fed.fraction * clients))
+    if expected < 2:
+        key = (
+            f"fed.clients_per_round = {per_round}"
+            if per_round is not None
+            else f"fed.fraction = {cfg.fed.fraction:g} of {clients} clients"
+        )
+        return (
+            f"secagg.enabled: {key} gives rounds of one client, whose secure sum would be its own update "
+            "(the protocol leaves a lone client out, so no round would aggregate anything): sample at "
+            "least 2 clients a round"
+        )
     if clients * ((1 << cfg.secagg.bits) - 1) >= 1 << 32:
         most = max(bits for bits in range(1, 33) if clients * ((1 << bits) - 1) < 1 << 32)
         return (

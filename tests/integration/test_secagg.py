@@ -146,7 +146,9 @@ def _secret_words(run_dir: Path) -> list[str]:
         if not path.is_file():
             continue
         data = path.read_bytes()
-        found += [f"{path.name}: {word}" for word in (b"secret:", b"mask_private", b"share_private") if word in data]
+        found += [
+            f"{path.name}: {word}" for word in (b"secret:", b"mask_private", b"share_private") if word in data
+        ]
     return found
 
 
@@ -172,3 +174,37 @@ def test_a_dropped_clients_secrets_and_update_never_reach_the_servers_checkpoint
         tree = load_checkpoint(tmp_path / "run" / "checkpoints" / f"round_{number:04d}")
         for client, state in tree["federation"]["clients"].items():
             assert not [key for key in state if "secagg" in key or "secret" in key], (number, client)
+
+
+def test_a_dp_round_that_samples_one_client_moves_the_model_by_the_noise_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: Poisson DP with SecAgg; the secret sample of round 1 holds a single client (as a Poisson
+    # draw may), round 2 two.
+    from fedtune.fl.privacy import ClientLevelDP
+
+    drawn = {1: ["c01"], 2: ["c00", "c03"]}
+    real_sample = ClientLevelDP.sample
+
+    def sample(self: ClientLevelDP, client_ids: list[str], rnd: int) -> list[str]:
+        real_sample(self, client_ids, rnd)
+        return drawn[rnd]
+
+    monkeypatch.setattr(ClientLevelDP, "sample", sample)
+    dp = ("dp.enabled=true", "dp.noise_multiplier=1.0", "dp.clip_norm=0.5", "fed.clients_per_round=2")
+    cfg = tiny_config(
+        "fedit", *ONE_ROUND, "fed.rounds=2", "fed.keep_checkpoints=3", *dp, "secagg.enabled=true"
+    )
+
+    # Execute
+    history = quiet_runner(cfg, tmp_path / "run").run()
+
+    # Assert: round 1 is a release of the noise alone (accounted), the lone client's update left out with
+    # the reason; round 2 aggregates as usual
+    first, second = history[1], history[2]
+    assert "c01" in first["failed"] and "revealed" in first["failed"]["c01"]
+    assert 0 < first["dp_epsilon"] < second["dp_epsilon"]
+    assert second["secagg_clients"] == 2
+    before = load_checkpoint(tmp_path / "run" / "checkpoints" / "round_0000")["algorithm"]["global_adapter"]
+    after = load_checkpoint(tmp_path / "run" / "checkpoints" / "round_0001")["algorithm"]["global_adapter"]
+    assert any(not np.array_equal(before[k], after[k]) for k in before)  # the noise moved it

@@ -224,6 +224,8 @@ def test_quantisation_is_unbiased_and_its_sum_dequantises() -> None:
         (("fed.screen=5",), r"fed\.screen"),
         (("data.partition.num_clients=5000", "secagg.bits=20"), r"secagg\.bits <= 19"),
         (("secagg.threshold=0.5",), r"secagg\.threshold"),
+        (("fed.clients_per_round=1",), r"fed\.clients_per_round = 1.*at least 2"),
+        (("data.partition.num_clients=10", "fed.fraction=0.1"), r"fed\.fraction.*at least 2"),
     ],
 )
 def test_what_secure_aggregation_cannot_run_with_is_a_config_error(

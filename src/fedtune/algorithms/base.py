@@ -291,7 +291,10 @@ class Algorithm(ABC, Generic[SectionT]):
         self, replies: Mapping[str, Payload], sampled: list[str], traffic: Traffic | None = None
     ) -> None:
         needed = min(self.cfg.fed.min_replies, len(sampled))
-        if len(replies) < needed:
+        # A lone client that secure aggregation left out did reply: the round aggregates nothing (under
+        # dp the model moves by the noise alone, as a Poisson round that samples nobody does).
+        withheld = len(self.secure.withheld) if self.secure is not None else 0
+        if len(replies) + withheld < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
 
 
@@ -343,6 +346,8 @@ def missing_replies_message(got: int, sampled: list[str], needed: int, traffic: 
                 keys.add("fed.client_timeout")
             if "num_examples" in reason:
                 keys.add("flower.client_data")
+            if reason.startswith("secure aggregation"):
+                keys.update(("secagg.threshold", "fed.client_timeout"))
     lines.append(f"to change: {', '.join(sorted(keys))}")
     return "\n".join(lines)
 

@@ -557,6 +557,9 @@ class SecureAggregation:
         self.update_task = update_task
         self.pending: tuple[SecureSum, list[str]] | None = None
         self.stats: dict[str, float] = {}
+        self.withheld: set[str] = set()
+        """Clients whose reply was fine but whose update the protocol left out of this round's sum (the
+        only one that replied): the round is not short of replies because of them."""
 
     def after_update(
         self, fed: Federation, replies: dict[str, Payload], layout: Mapping[str, ArraySpec], rnd: int
@@ -565,6 +568,7 @@ class SecureAggregation:
         the sum (the others are recorded in the traffic)."""
         keys = sorted(layout)
         size = int(sum(int(np.prod(layout[k].shape)) for k in keys))
+        self.withheld = set()
         if not replies:
             self.pending = (SecureSum(np.zeros(size), [], 0.0), keys)
             return replies
@@ -573,6 +577,7 @@ class SecureAggregation:
             fed.traffic.failed[only] = (
                 "secure aggregation: the only client that replied would have its update revealed; left out"
             )
+            self.withheld = {only}
             self.pending = (SecureSum(np.zeros(size), [], 0.0), keys)
             return {}
         weights = {c: _weight(r) for c, r in replies.items()}
