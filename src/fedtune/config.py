@@ -173,6 +173,7 @@ class DPConfig(Section):
     @model_validator(mode="after")
     def _complete(self) -> DPConfig:
         if not self.enabled:
+            refuse_ignored_settings(self, "dp", "the run would not be private")
             return self
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError(
@@ -191,6 +192,22 @@ class DPConfig(Section):
                 "its last round; raise max_epsilon or lower target_epsilon"
             )
         return self
+
+
+def refuse_ignored_settings(section: BaseModel, name: str, consequence: str) -> None:
+    """A section that is off (``enabled: false``) with keys set away from their defaults: those keys would
+    be ignored, and whoever set them would believe they act. A ``ValueError`` naming them."""
+    changed = [
+        f"{name}.{key}"
+        for key, field in type(section).model_fields.items()
+        if key != "enabled" and getattr(section, key) != field.default
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} set but {name}.enabled is false: "
+            f"{'it' if len(changed) == 1 else 'they'} would be ignored and {consequence}. Set "
+            f"{name}.enabled: true, or remove {'it' if len(changed) == 1 else 'them'}"
+        )
 
 
 class SecAggConfig(Section):
@@ -213,6 +230,12 @@ class SecAggConfig(Section):
     # R: every coordinate of an update is clipped to [-R, R] before quantisation (step 2R / (2^bits - 1)).
     # null: dp.clip_norm under dp, else 1.0.
     clip_range: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _used(self) -> SecAggConfig:
+        if not self.enabled:
+            refuse_ignored_settings(self, "secagg", "the server would see every update")
+        return self
 
 
 TrackerName = Literal["tensorboard", "wandb", "mlflow"]

@@ -237,3 +237,25 @@ def test_what_secure_aggregation_cannot_run_with_is_a_config_error(
 
 def test_the_default_screen_is_off_under_secure_aggregation() -> None:
     assert validate_config(apply_overrides({}, ["secagg.enabled=true"])).fed.screen is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("dp.noise_multiplier=1.0", "dp.clip_norm=0.5"),
+            r"dp\.noise_multiplier, dp\.clip_norm are set but dp\.enabled is false.*not be private",
+        ),
+        (("dp.sampling=fixed",), r"dp\.sampling is set but dp\.enabled is false"),
+        (("secagg.bits=16",), r"secagg\.bits is set but secagg\.enabled is false.*every update"),
+    ],
+)
+def test_privacy_settings_of_a_section_left_off_are_refused_not_ignored(
+    overrides: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate_config(apply_overrides({}, list(overrides)))
+    enabled = [f"{o.split('.')[0]}.enabled=true" for o in overrides[:1]]
+    if enabled == ["dp.enabled=true"] and "dp.clip_norm=0.5" not in overrides:
+        overrides = (*overrides, "dp.clip_norm=0.5", "dp.noise_multiplier=1.0")
+    validate_config(apply_overrides({}, [*enabled, *overrides]))  # on, they are taken
