@@ -109,7 +109,7 @@ def checked_position(entries: Mapping[Any, Any], width: int, where: str) -> dict
             token = _token_id(str(key))
         except ValueError:
             raise AnswerRejected(f"{where}: {key!r} is not a token id") from None
-        raw = value.get("logprob") if isinstance(value, Mapping) else value
+        raw: Any = value.get("logprob") if isinstance(value, Mapping) else value
         try:
             logprob = float(raw)
         except (TypeError, ValueError):
