@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fedtune.data.records import Record
-from fedtune.fl.payload import Payload
+from fedtune.fl.payload import REPLY_TO, Payload
 from fedtune.fl.validation import Expect
 
 if TYPE_CHECKING:
@@ -45,6 +45,17 @@ class ClientContext:
 
 
 ClientTask = Callable[[ClientContext, Payload], Payload]
+
+
+def answer(task: ClientTask, ctx: ClientContext, message: Payload) -> Payload:
+    """Run ``task`` on ``message`` as a client's runtime does: the task never sees the message's reply tag
+    (``payload.REPLY_TO``), and its reply carries it back."""
+    tag = message.get(REPLY_TO)
+    reply = task(ctx, {key: value for key, value in message.items() if key != REPLY_TO})
+    if isinstance(tag, str) and isinstance(reply, dict):
+        return {**reply, REPLY_TO: tag}
+    return reply
+
 
 SECRET = "secret:"
 """Client state entries named with this prefix are the client's secrets of one round (SecAgg's private

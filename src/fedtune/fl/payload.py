@@ -88,6 +88,11 @@ def payload_nbytes(payload: Mapping[str, Value]) -> int:
     return total
 
 
+REPLY_TO = "reply_to"
+"""The entry that ties a message and its reply together: the server puts ``<task>@<round>#<nonce>`` (a
+fresh nonce per message) in every message, the client's runtime returns it with the task's reply, and the
+server rejects a reply that does not carry the tag it sent that client in that call."""
+
 WIRE_FP16 = "wire/fp16"
 """The payload entry that lists (comma-separated) the arrays sent as fp16 instead of fp32."""
 WIRE_FP16_MIN_SIZE = 1024

@@ -17,13 +17,14 @@ from fedtune.fl.federation import (
     ClientContext,
     ClientTask,
     Traffic,
+    answer,
     durable_state,
     forget_secrets,
     per_client_payload,
     seeded_sample,
 )
 from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
-from fedtune.fl.validation import Expect, ReplyRejected, check_reply, drop_outliers
+from fedtune.fl.validation import Expect, ReplyRejected, addressed, check_answers, check_reply, drop_outliers
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
@@ -117,7 +118,9 @@ class InProcessFederation:
         replies: dict[str, Payload] = {}
         wire_dtype = self.cfg.fed.wire_dtype
         for client in clients:
-            message = to_wire(per_client_payload(payload, client, clients), wire_dtype)
+            message, tag = addressed(
+                to_wire(per_client_payload(payload, client, clients), wire_dtype), task, self.rnd
+            )
             self.traffic.add("down", client, payload_nbytes(message))
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
@@ -128,7 +131,7 @@ class InProcessFederation:
             if self.tap is not None:
                 self.tap("up", client, task, self.rnd, reply)
             try:
-                replies[client] = check_reply(from_wire(reply), expect, client)
+                replies[client] = check_reply(check_answers(from_wire(reply), tag, self.rnd), expect, client)
             except ReplyRejected as exc:
                 self.traffic.rejected[client] = str(exc)
                 log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
@@ -139,7 +142,7 @@ class InProcessFederation:
         try:
             if self.before_task is not None:
                 self.before_task(client, task, self.rnd)
-            reply = self.tasks[task](self._context(client), message)
+            reply = answer(self.tasks[task], self._context(client), message)
             if self.after_task is not None:
                 reply = self.after_task(client, task, self.rnd, reply)
             reply = to_wire(check_payload(reply, f"client {client}"), self.cfg.fed.wire_dtype)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedtune.fl.payload import Payload, PayloadError, check_payload
+from fedtune.fl.payload import REPLY_TO, Payload, PayloadError, check_payload
 
 log = logging.getLogger("fedtune.fl")
 
@@ -164,6 +165,36 @@ def spec_for(expect: Expect, client: str) -> ReplySpec:
     if spec is None:
         raise ReplyRejected(f"no reply spec for client {client} (the server expected no reply from it)")
     return spec
+
+
+def addressed(message: Payload, task: str, rnd: int) -> tuple[Payload, str]:
+    """``message`` with its reply tag (``payload.REPLY_TO``), and the tag its reply must carry."""
+    tag = f"{task}@{rnd}#{secrets.token_hex(4)}"
+    return {**message, REPLY_TO: tag}, tag
+
+
+def _what(tag: str) -> str:
+    task, _, rest = tag.partition("@")
+    return f"{task} of round {rest.partition('#')[0]}"
+
+
+def check_answers(reply: Payload, tag: str, rnd: int) -> Payload:
+    """``reply`` without its tag, if it answers the message tagged ``tag`` of round ``rnd``: a stale or
+    replayed reply (an earlier round's, another task's, another call's) is ``ReplyRejected``, and so is
+    a reply whose own ``round`` entry names another round."""
+    answered = reply.get(REPLY_TO)
+    if not isinstance(answered, str):
+        raise ReplyRejected(f"the reply does not say which message it answers (no '{REPLY_TO}')")
+    if answered != tag:
+        same = _what(answered) == _what(tag)
+        raise ReplyRejected(
+            f"the reply answers {'an earlier call of ' if same else ''}{_what(answered)}, not this call's "
+            f"{_what(tag)}: a stale or replayed reply"
+        )
+    claimed = reply.get("round")
+    if claimed is not None and claimed != rnd:
+        raise ReplyRejected(f"the reply says it is of round {claimed!r}, and this is round {rnd}")
+    return {key: value for key, value in reply.items() if key != REPLY_TO}
 
 
 def check_reply(reply: Payload, expect: Expect | None, client: str) -> Payload:

@@ -126,7 +126,7 @@ def execute(
     runtime: NodeRuntime, task: str, rnd: int, payload: Payload, state: dict[str, Any] | None
 ) -> Outcome:
     """Run ``task`` of round ``rnd``; ``state`` None means: this client's state from its disk."""
-    from fedtune.fl.federation import ClientContext, durable_state, forget_secrets
+    from fedtune.fl.federation import ClientContext, answer, durable_state, forget_secrets
 
     start = time.perf_counter()
     had_state = state is not None and bool(state)
@@ -147,7 +147,7 @@ def execute(
         before = _hook(BEFORE_TASK_ENV)
         if before is not None:
             before(runtime.client_id, task, rnd)
-        reply = runtime.tasks[task](ctx, from_wire(payload))
+        reply = answer(runtime.tasks[task], ctx, from_wire(payload))
         after = _hook(AFTER_TASK_ENV)
         if after is not None:
             reply = after(runtime.client_id, task, rnd, reply)

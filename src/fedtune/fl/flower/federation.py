@@ -27,7 +27,7 @@ from fedtune.fl.federation import Traffic, per_client_payload, seeded_sample
 from fedtune.fl.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
 from fedtune.fl.payload import Payload, PayloadError, from_wire, payload_nbytes, to_wire
 from fedtune.fl.simulation import TapHook
-from fedtune.fl.validation import Expect, ReplyRejected, check_reply, drop_outliers
+from fedtune.fl.validation import Expect, ReplyRejected, addressed, check_answers, check_reply, drop_outliers
 
 log = logging.getLogger("fedtune.fl")
 
@@ -177,13 +177,16 @@ class GridFederation:
         wait = timeout if timeout is not None else self.reply_timeout
         messages: dict[int, Message] = {}
         client_of: dict[int, str] = {}
+        tags: dict[str, str] = {}
         for client in clients:
             node = self.node_of.get(client)
             if node is None:
                 self.traffic.failed[client] = "not connected (no SuperNode serves this client)"
                 log.warning("round %d: client %s has no SuperNode", self.rnd, client)
                 continue
-            message = to_wire(per_client_payload(payload, client, clients), self.wire_dtype)
+            message, tags[client] = addressed(
+                to_wire(per_client_payload(payload, client, clients), self.wire_dtype), task, self.rnd
+            )
             self.traffic.add("down", client, payload_nbytes(message))
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
@@ -198,14 +201,14 @@ class GridFederation:
                 self.traffic.failed[client] = f"late: no reply within {wait:.1f}s"
                 log.warning("round %d: client %s did not reply within %.1fs", self.rnd, client, wait)
                 continue
-            checked = self._accept(client, task, reply, expect, wait)
+            checked = self._accept(client, task, reply, expect, wait, tags[client])
             if checked is not None:
                 accepted[client] = checked
         ordered = {client: accepted[client] for client in clients if client in accepted}
         return drop_outliers(ordered, expect, self.screen, self.traffic.rejected, self.rnd)
 
     def _accept(
-        self, client: str, task: str, reply: Message, expect: Expect | None, wait: float
+        self, client: str, task: str, reply: Message, expect: Expect | None, wait: float, tag: str
     ) -> Payload | None:
         if reply.has_error() and reply.error.code in _LOST:
             # The SuperLink answers for a node that never replied (TTL expired, node removed).
@@ -231,7 +234,7 @@ class GridFederation:
         if self.tap is not None:
             self.tap("up", client, task, self.rnd, payload)
         try:
-            return check_reply(from_wire(payload), expect, client)
+            return check_reply(check_answers(from_wire(payload), tag, self.rnd), expect, client)
         except PayloadError as exc:
             self.traffic.rejected[client] = str(exc)
             return None
