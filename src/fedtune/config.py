@@ -169,12 +169,21 @@ class DPConfig(Section):
     # fed.fraction), independently, from a per-run secret; fixed: exactly fed.clients_per_round clients
     # (replace-one neighbours: twice the sensitivity, so a larger epsilon for the same noise).
     sampling: Literal["poisson", "fixed"] = "poisson"
+    # Which of dp-accounting's accountants gives epsilon (and calibrates target_epsilon): pld (privacy
+    # loss distributions: the tighter bound) or rdp (Renyi DP). Both are valid upper bounds. Fixed-size
+    # sampling is accounted with rdp (dp-accounting's PLD does not cover sampling without replacement).
+    accountant: Literal["pld", "rdp"] = "pld"
 
     @model_validator(mode="after")
     def _complete(self) -> DPConfig:
         if not self.enabled:
             refuse_ignored_settings(self, "dp", "the run would not be private")
             return self
+        if self.sampling == "fixed" and self.accountant == "pld" and "accountant" in self.model_fields_set:
+            raise ValueError(
+                "dp.accountant pld does not cover dp.sampling fixed (sampling without replacement): set "
+                "dp.accountant: rdp, or dp.sampling: poisson"
+            )
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError(
                 "dp.enabled needs exactly one of dp.noise_multiplier (the noise) and dp.target_epsilon "

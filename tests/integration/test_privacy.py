@@ -80,7 +80,7 @@ def test_resume_with_dp_equals_the_uninterrupted_run_and_the_secret_stays_in_the
 def test_max_epsilon_ends_the_run_cleanly_before_the_round_that_would_exceed_it(tmp_path: Path) -> None:
     # Prepare: a budget between epsilon after one round and after two (4 clients, q 0.5, z 0.8).
     release = Release("poisson", 4, 0.5, 0, 0.8)
-    budget = (epsilon_after([(release, 1)], 1e-5) + epsilon_after([(release, 2)], 1e-5)) / 2
+    budget = (epsilon_after([(release, 1)], 1e-5, "pld") + epsilon_after([(release, 2)], 1e-5, "pld")) / 2
     cfg = tiny_config("fedit", *DP, *FAST, "fed.rounds=3", f"dp.max_epsilon={budget}")
 
     # Execute

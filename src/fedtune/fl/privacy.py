@@ -5,7 +5,11 @@ from it (``fixed``); each reply's update ``Delta_i = theta_i - theta`` (over the
 aggregates) is scaled to L2 norm <= C; the server adds N(0, (z C)^2) to every coordinate of their sum
 and moves the model by that noised sum over the expected count (q N; example counts are ignored, a
 weight would be a claim the sensitivity analysis cannot bound). One round is one release of the
-subsampled Gaussian mechanism; ``PrivacyLedger`` composes them with dp-accounting's RDP accountant.
+subsampled Gaussian mechanism; ``PrivacyLedger`` composes them with one of dp-accounting's accountants
+(``dp.accountant``): the privacy-loss-distribution (PLD) accountant, the default, or the Rényi-DP (RDP)
+one. Both give a valid upper bound on epsilon; PLD's is tighter (9-13% lower on the settings we probed,
+e.g. 5.15 against 5.89 at q = 0.1, z = 1, 50 rounds, delta 1e-5). dp-accounting's PLD does not cover
+fixed-size sampling (sampled without replacement), so ``sampling: fixed`` is accounted with RDP.
 
 The neighbouring relation: with Poisson sampling, add or remove one client (the noised sum changes by
 at most C); with fixed-size sampling the number of clients is public, so neighbours replace one client
@@ -193,62 +197,99 @@ def _quiet_absl() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def rdp_accountant(releases: Sequence[tuple[Release, int]]) -> Any:
-    """dp-accounting's RDP accountant with ``count`` rounds of each release composed."""
+ACCOUNTANTS = ("pld", "rdp")
+PLD_DISCRETIZATION = 1e-3
+"""The PLD accountant's privacy-loss grid: its epsilon is a pessimistic (valid) estimate that equals the
+one at dp-accounting's default 1e-4 to four digits on the settings probed, 15x faster."""
+
+
+def new_accountant(kind: str, relation: Any) -> Any:
+    """A fresh dp-accounting accountant of ``kind`` (``pld`` or ``rdp``) for the neighbouring relation."""
+    if kind == "pld":
+        from dp_accounting.pld import PLDAccountant
+
+        return PLDAccountant(neighboring_relation=relation, value_discretization_interval=PLD_DISCRETIZATION)
+    if kind == "rdp":
+        from dp_accounting.rdp import RdpAccountant
+
+        return RdpAccountant(neighboring_relation=relation)
+    raise PrivacyError(f"dp.accountant must be one of {', '.join(ACCOUNTANTS)}, not {kind!r}")
+
+
+def composed(releases: Sequence[tuple[Release, int]], kind: str = "pld") -> Any:
+    """dp-accounting's ``kind`` accountant with ``count`` rounds of each release composed."""
     import dp_accounting
-    from dp_accounting.rdp import RdpAccountant
 
     relations = {release.relation for release, _ in releases}
     if len(relations) > 1:
         raise PrivacyError("a run cannot mix Poisson and fixed-size sampling (different neighbour relations)")
     relation = relations.pop() if relations else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    accountant = RdpAccountant(neighboring_relation=relation)
+    accountant = new_accountant(kind, relation)
     with _quiet_absl():
         for release, count in releases:
             accountant.compose(release.event(), count)
     return accountant
 
 
-def epsilon_after(releases: Sequence[tuple[Release, int]], delta: float) -> float:
-    """The epsilon at ``delta`` of the composed releases (0 for none)."""
+def epsilon_after(releases: Sequence[tuple[Release, int]], delta: float, kind: str = "pld") -> float:
+    """The epsilon at ``delta`` of the composed releases (0 for none), by the ``kind`` accountant."""
     if not any(count for _, count in releases):
         return 0.0
-    accountant = rdp_accountant(releases)
+    accountant = composed(releases, kind)
     with _quiet_absl():
         return float(accountant.get_epsilon(delta))
 
 
-def calibrate_noise(release: Release, rounds: int, target_epsilon: float, delta: float) -> float:
+def calibrate_noise(
+    release: Release, rounds: int, target_epsilon: float, delta: float, kind: str = "pld"
+) -> float:
     """The smallest noise multiplier (to within 1e-3, rounded up) whose ``rounds`` releases stay within
-    ``target_epsilon`` at ``delta``."""
-    import dp_accounting
+    ``target_epsilon`` at ``delta`` by the ``kind`` accountant.
+
+    RDP is searched from 1e-3 up. PLD is searched below RDP's answer (PLD's epsilon is never above RDP's,
+    so RDP's noise already reaches the target): a PLD at a noise far below the answer has a privacy-loss
+    range too wide to discretise in reasonable time."""
     from dp_accounting import mechanism_calibration
-    from dp_accounting.rdp import RdpAccountant
 
     tolerance = 1e-3
+    if kind == "rdp":
+        bracket: Any = mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)
+        return _calibrated(release, rounds, target_epsilon, delta, kind, bracket, tolerance)
+    upper = calibrate_noise(release, rounds, target_epsilon, delta, "rdp")
+    lower = upper / 2
+    while (
+        lower > 1e-3 and epsilon_after([(release.with_noise(lower), rounds)], delta, kind) <= target_epsilon
+    ):
+        lower /= 2
+    bracket = mechanism_calibration.ExplicitBracketInterval(lower, upper)
+    return _calibrated(release, rounds, target_epsilon, delta, kind, bracket, tolerance)
+
+
+def _calibrated(
+    release: Release, rounds: int, target_epsilon: float, delta: float, kind: str, bracket: Any, tol: float
+) -> float:
+    import dp_accounting
+    from dp_accounting import mechanism_calibration
 
     def fresh() -> Any:
-        return RdpAccountant(neighboring_relation=release.relation)
+        return new_accountant(kind, release.relation)
 
     def event(noise: float) -> Any:
         return dp_accounting.SelfComposedDpEvent(release.with_noise(noise).event(), rounds)
 
     with _quiet_absl():
         noise = mechanism_calibration.calibrate_dp_mechanism(
-            fresh,
-            event,
-            target_epsilon,
-            delta,
-            mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0),
-            tol=tolerance,
+            fresh, event, target_epsilon, delta, bracket, tol=tol
         )
-    return float(noise) + tolerance
+    return float(noise) + tol
 
 
 class PrivacyLedger:
-    """The releases made so far, as ``(release, count)`` runs: enough to recompute epsilon exactly."""
+    """The releases made so far, as ``(release, count)`` runs: enough to recompute epsilon exactly, by the
+    ``kind`` accountant."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "pld") -> None:
+        self.kind = kind
         self.releases: list[tuple[Release, int]] = []
 
     def record(self, release: Release) -> None:
@@ -264,7 +305,7 @@ class PrivacyLedger:
     def epsilon(self, delta: float, extra: Release | None = None) -> float:
         """Epsilon at ``delta`` so far, or after one more ``extra`` release."""
         releases = [*self.releases, (extra, 1)] if extra is not None else self.releases
-        return epsilon_after(releases, delta)
+        return epsilon_after(releases, delta, self.kind)
 
     def state_dict(self) -> list[dict[str, Any]]:
         return [{**asdict(release), "count": count} for release, count in self.releases]
@@ -303,7 +344,8 @@ class ClientLevelDP:
         self.secret = secrets.randbits(128)
         self.noise_multiplier: float | None = cfg.noise_multiplier
         self.release: Release | None = None
-        self.ledger = PrivacyLedger()
+        self.accountant = accountant_for(cfg)
+        self.ledger = PrivacyLedger(self.accountant)
         self._sampled_round: int | None = None
         self.stats: dict[str, float] = {}
 
@@ -325,7 +367,7 @@ class ClientLevelDP:
         if self.noise_multiplier is None:
             assert self.cfg.target_epsilon is not None
             self.noise_multiplier = calibrate_noise(
-                release, self.fed.rounds, self.cfg.target_epsilon, self.cfg.delta
+                release, self.fed.rounds, self.cfg.target_epsilon, self.cfg.delta, self.accountant
             )
             log.info(
                 "dp: noise multiplier %.4g reaches epsilon %.4g after %d rounds (delta %.3g)",
@@ -335,16 +377,17 @@ class ClientLevelDP:
                 self.cfg.delta,
             )
         self.release = release.with_noise(self.noise_multiplier)
-        planned = epsilon_after([(self.release, self.fed.rounds)], self.cfg.delta)
+        planned = epsilon_after([(self.release, self.fed.rounds)], self.cfg.delta, self.accountant)
         log.info(
             "dp: %s sampling, q = %.4g of %d clients, noise multiplier %.4g, clip norm %.4g: epsilon %.4g "
-            "at delta %.3g after fed.rounds = %d rounds",
+            "(%s accountant) at delta %.3g after fed.rounds = %d rounds",
             self.cfg.sampling,
             rate,
             population,
             self.noise_multiplier,
             self.clip_norm,
             planned,
+            self.accountant,
             self.cfg.delta,
             self.fed.rounds,
         )
@@ -439,12 +482,14 @@ class ClientLevelDP:
             "model"
         )
 
-    def row(self) -> dict[str, float]:
-        """What every metrics row carries: epsilon and delta so far, the noise and sampling rate, and the
-        round's share of clipped updates and median update norm (the operator's view, not released)."""
+    def row(self) -> dict[str, float | str]:
+        """What every metrics row carries: epsilon and delta so far (and the accountant that gave them), the
+        noise and sampling rate, and the round's share of clipped updates and median update norm (the
+        operator's view, not released)."""
         release = self._started()
-        row = {
+        row: dict[str, float | str] = {
             "dp_epsilon": round(self.epsilon(), 6),
+            "dp_accountant": self.accountant,
             "dp_delta": self.cfg.delta,
             "dp_noise_multiplier": round(release.noise_multiplier, 6),
             "dp_sample_rate": round(release.rate, 6),
@@ -466,6 +511,12 @@ class ClientLevelDP:
         noise = state.get("noise_multiplier")
         self.noise_multiplier = float(noise) if noise is not None else None
         self.ledger.load_state_dict(state.get("ledger", []))
+
+
+def accountant_for(cfg: DPConfig) -> str:
+    """The accountant that gives the run's epsilon: ``dp.accountant``, but RDP under fixed-size sampling,
+    which dp-accounting's PLD does not cover (an explicit ``pld`` with it is refused by the config)."""
+    return "rdp" if cfg.sampling == "fixed" else cfg.accountant
 
 
 def population_warnings(release: Release, delta: float, planned_epsilon: float) -> list[str]:
