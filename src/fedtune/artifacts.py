@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from fedtune.algorithms.final import FinalModel, FinalModelError
+from fedtune.algorithms.final import FinalModel, FinalModelError, intact_artifacts
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import DataError, Record
@@ -29,7 +29,8 @@ def load_final(
     """The final model of the run in ``run_dir``, as its method defines it (``variant``: one of the
     method's ``final_variants``; ``options``: its ``final_options``)."""
     cfg = run_config(run_dir)
-    return get_algorithm(cfg.algorithm).load_final(cfg, run_dir, variant, options)
+    with intact_artifacts(run_dir):
+        return get_algorithm(cfg.algorithm).load_final(cfg, run_dir, variant, options)
 
 
 def evaluate_run(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune.algorithms.exporting import Exported, ExportError
-from fedtune.algorithms.final import FinalRun, check_options, check_variant
+from fedtune.algorithms.final import FinalRun, check_options, check_variant, intact_artifacts
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.artifacts import run_config
 
@@ -99,10 +99,11 @@ def export_run(
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise FileExistsError(f"{output} exists and is not an empty directory: choose another --output")
     output.mkdir(parents=True, exist_ok=True)
-    if script is None:
-        exported = method.export_final(run, fmt, output)
-    else:
-        exported = _gguf(method.export_final, run, script, output, outtype)
+    with intact_artifacts(run_dir):
+        if script is None:
+            exported = method.export_final(run, fmt, output)
+        else:
+            exported = _gguf(method.export_final, run, script, output, outtype)
     info = {
         "run_dir": str(run_dir.resolve()),
         "algorithm": cfg.algorithm,

@@ -200,3 +200,28 @@ def test_fedpft_exports_its_classifier_merged_and_nothing_else(tmp_path: Path) -
     for fmt in ("peft", "gguf"):
         with pytest.raises(ExportError, match="exports merged, not"):
             export_run(tmp_path / "run", fmt, tmp_path / fmt)
+
+
+def test_a_truncated_adapter_is_named_as_damage_not_a_reader_traceback(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
+) -> None:
+    # Prepare: a copy of the finished run whose adapter file was cut short
+    import shutil
+
+    _, source = fedit_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    adapter = run_dir / "artifacts" / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
+
+    # Execute
+    result = CliRunner().invoke(
+        app, ["export", str(run_dir), "--format", "merged", "-o", str(tmp_path / "out")]
+    )
+
+    # Assert: a clear message naming the file, no traceback; loading says the same
+    assert result.exit_code != 0
+    assert str(adapter) in result.output.replace("\n", "")
+    assert "damaged" in result.output and "Traceback" not in result.output
+    with pytest.raises(FinalModelError, match="final model is damaged"):
+        load_final(run_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,6 +56,35 @@ class Decoder:
     step_fn: Callable[[], StepFn]
     eos_token_ids: list[int]
     device: Any
+
+
+@contextmanager
+def intact_artifacts(run_dir: Path) -> Iterator[None]:
+    """Turn a damaged tensor file of the run's final model (cut short, overwritten) into a
+    ``FinalModelError`` that names the file, instead of the reader's bare ``SafetensorError``."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        raise FinalModelError(damaged_artifacts_message(run_dir, exc)) from None
+
+
+def damaged_artifacts_message(run_dir: Path, error: Exception) -> str:
+    from safetensors import safe_open
+
+    damaged = []
+    for path in sorted((run_dir / "artifacts").rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), "np"):
+                pass
+        except Exception:
+            damaged.append(str(path))
+    where = ", ".join(damaged) or f"a tensor file under {run_dir / 'artifacts'}"
+    return (
+        f"the run's final model is damaged: {where} cannot be read ({error}). The run's artifacts were cut "
+        "short or changed after it finished; run it again (or restore the run directory from a copy)"
+    )
 
 
 class FinalModel(ABC):
