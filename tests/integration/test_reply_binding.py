@@ -3,6 +3,7 @@ an evaluation reply that names another round; the client runtime returns the mes
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,27 @@ def test_the_client_runtime_hides_the_tag_from_the_task_and_returns_it() -> None
 
     reply = answer(task, None, {"round": 2, REPLY_TO: "fit@2#00ff"})  # type: ignore[arg-type]
     assert seen == [{"round": 2}] and reply == {"num_examples": 3, REPLY_TO: "fit@2#00ff"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        (
+            "metric/perplexity",
+            1e300,
+            r"'metric/perplexity' = 1e\+300 is outside what it can be \(\[1, 1e\+06\]\)",
+        ),
+        ("metric/perplexity", 0.5, r"'metric/perplexity' = 0\.5 is outside"),
+    ],
+)
+def test_a_self_reported_metric_beyond_what_it_can_be_is_rejected(
+    key: str, value: float, why: str, tmp_path: Path
+) -> None:
+    def inflate(client: str, task: str, rnd: int, reply: Payload) -> Payload:
+        if task == "evaluate_personal" and client == "c00":
+            return {**reply, key: value}
+        return reply
+
+    history = quiet_runner(tiny_config("perfit", *TWO_ROUNDS), tmp_path / "run", after_task=inflate).run()
+    assert re.search(why, history[1]["rejected"]["c00"])
+    assert history[1]["eval"]["personal/perplexity"] < 1e4  # the honest clients' mean

@@ -13,7 +13,7 @@ import pytest
 
 from fedtune.config import ConfigError, apply_overrides, validate_config
 from fedtune.fl import secagg
-from fedtune.fl.payload import Payload
+from fedtune.fl.payload import REPLY_TO, Payload
 from fedtune.fl.simulation import InProcessFederation
 
 SIZE = 3000
@@ -176,8 +176,10 @@ def test_the_server_sees_no_single_update(round_: Round) -> None:
     assert {task for _, task, _ in uploads} == set(secagg.TASKS)
     rng = np.random.default_rng(0)
     for client, task, payload in uploads:
+        assert str(payload[REPLY_TO]).startswith(f"{task}@1#")  # the tag of the message it answers
         for key, value in payload.items():
-            assert isinstance(value, np.ndarray) and value.dtype in (np.uint8, np.uint32), (task, key)
+            if key != REPLY_TO:
+                assert isinstance(value, np.ndarray) and value.dtype in (np.uint8, np.uint32), (task, key)
         if task == "secagg_mask":
             masked = payload["masked"]
             assert isinstance(masked, np.ndarray)

@@ -28,6 +28,7 @@ from fedtune.eval.evaluate import (
     EvalSet,
     client_results,
     evaluate_lm,
+    implausible_metric,
     payload_result,
     result_payload,
 )
@@ -170,6 +171,11 @@ class Algorithm(ABC, Generic[SectionT]):
         )
         holdout = self.cfg.data.holdout
         for client, reply in list(replies.items()):
+            implausible = implausible_metric(reply)
+            if implausible is not None:
+                fed.traffic.rejected[client] = implausible
+                del replies[client]
+                continue
             limit = held_out_limit(fed.client_sizes.get(client), holdout)
             if limit is not None and int(reply[EVAL_EXAMPLES]) > limit:
                 fed.traffic.rejected[client] = (

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -240,6 +241,53 @@ def result_payload(result: EvalResult) -> dict[str, Any]:
     for metric, categories in result.by_category.items():
         reply.update({f"{CATEGORY}{metric}/{cat}": float(value) for cat, value in categories.items()})
     return reply
+
+
+MAX_PERPLEXITY = 1e6
+"""The largest perplexity a client may report (about 13.8 nats a token): above the uniform guess over any
+vocabulary in use (152k tokens: 11.9 nats) by two nats. The vocabulary size itself is no bound: an honest
+client whose training diverged can score worse than the uniform guess."""
+
+
+RATES = ("rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1", "acc", "acc_norm")
+"""The metrics that are shares of something, in [0, 1]."""
+
+
+def metric_range(name: str) -> tuple[float, float]:
+    """What a metric named ``name`` (``perplexity``, ``rougeL``, ``acc`` ..., possibly prefixed as
+    ``adapfu/perplexity``) can be: perplexities in [1, MAX_PERPLEXITY], every rate (Rouge-L, accuracies,
+    exact match, pass@1, distinct-n) in [0, 1]; anything else only finite."""
+    base = name.rpartition("/")[2]
+    if base.startswith("perplexity"):
+        return 1.0, MAX_PERPLEXITY
+    if base in (
+        "rougeL",
+        "dist3",
+        "dist4",
+        "exact_match",
+        "numeric_accuracy",
+        "pass_at_1",
+        "acc",
+        "acc_norm",
+    ):
+        return 0.0, 1.0
+    return -math.inf, math.inf
+
+
+def implausible_metric(reply: Mapping[str, Any]) -> str | None:
+    """Why a client's evaluation reply (``result_payload``'s keys) reports a value its metric cannot
+    take, or None."""
+    for key, value in reply.items():
+        if key.startswith(METRIC):
+            name = key[len(METRIC) :]
+        elif key.startswith(CATEGORY):
+            name = key[len(CATEGORY) :].partition("/")[0]
+        else:
+            continue
+        low, high = metric_range(name)
+        if not low <= float(value) <= high:
+            return f"'{key}' = {float(value):.6g} is outside what it can be ([{low:g}, {high:g}])"
+    return None
 
 
 def payload_result(reply: Mapping[str, Any]) -> EvalResult:
