@@ -3,8 +3,9 @@
 A service (``logits.LogitsService`` for a model, ``run.RunService`` for a finished run) answers requests
 on one model worker thread: requests are received concurrently, the model computes one step at a time.
 Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with its status (400 a request
-the server cannot serve, 401 a missing or wrong API key, 404 an unknown model or route, 422 a body that
-does not fit the schema, 500 a failure, logged on the server); a traceback never leaves the process.
+the server cannot serve or a body that does not fit the schema, naming the field in ``param``, as OpenAI
+and vLLM answer; 401 a missing or wrong API key, 404 an unknown model or route, 500 a failure, logged on
+the server); a traceback never leaves the process.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fedtune.serve.protocol import APIError, bad_request, error_body, now
+from fedtune.serve.protocol import APIError, bad_request, error_body, now, validation_error
 
 log = logging.getLogger("fedtune.serve")
 
@@ -139,6 +141,11 @@ def build_app(service: Service, *, api_key: str | None = None) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()]  # less "body"
+        return error_response(validation_error(problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
