@@ -23,7 +23,7 @@ API_KEY_ENV = "FEDTUNE_API_KEY"
 """The environment variable ``fedtune serve`` reads its bearer token from when ``--api-key`` is not given."""
 
 
-GRACEFUL_SHUTDOWN_S = 3.0
+GRACEFUL_SHUTDOWN_S = 3
 """Seconds a shutdown waits for requests in flight before cancelling them (uvicorn's default: forever)."""
 
 
