@@ -308,11 +308,21 @@ def serve(
     seed: Annotated[int, typer.Option(help="a model: the initialisation of a tiny random model")] = 0,
     variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
     option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
+    max_concurrent: Annotated[
+        int, typer.Option(min=1, help="requests in flight at once; one more is answered 429")
+    ] = 64,
 ) -> None:
     """Serve a finished run's final model (OpenAI chat and completions, streaming) or a model's next-token
     log-probabilities (the vLLM completions subset FedPT's HTTP large model uses). See docs/serving.md."""
     from fedtune.serve import build_app, check_bind
-    from fedtune.serve.launch import API_KEY_ENV, bound_port, open_socket, serve_forever, url_host
+    from fedtune.serve.launch import (
+        API_KEY_ENV,
+        LISTEN_BACKLOG,
+        bound_port,
+        open_socket,
+        serve_forever,
+        url_host,
+    )
 
     key = api_key or os.environ.get(API_KEY_ENV) or None
     try:
@@ -328,12 +338,13 @@ def serve(
     except EXPECTED_ERRORS as exc:
         sock.close()
         _fail(exc)
+    sock.listen(LISTEN_BACKLOG)  # from here a client connects (and waits for uvicorn's first accept)
     console.print(
         f"serving {what} as {service.name!r} on http://{url_host(host)}:{bound_port(sock)}/v1"
         + (" (API key required)" if key else ""),
         soft_wrap=True,
     )
-    serve_forever(build_app(service, api_key=key), sock)
+    serve_forever(build_app(service, api_key=key, max_concurrent=max_concurrent), sock)
 
 
 def _serve_target(

@@ -24,6 +24,8 @@ API_KEY_ENV = "FEDTUNE_API_KEY"
 
 
 GRACEFUL_SHUTDOWN_S = 3
+LISTEN_BACKLOG = 2048
+"""Connections the system queues before the server accepts them (uvicorn's default)."""
 """Seconds a shutdown waits for requests in flight before cancelling them (uvicorn's default: forever)."""
 
 
@@ -53,7 +55,8 @@ def is_loopback(host: str) -> bool:
 
 
 def open_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (0: a free port), not yet listening."""
+    """A TCP socket bound to ``host:port`` (0: a free port), not yet listening (``listen`` before the
+    address is announced: until then a client is refused rather than left waiting on a model that loads)."""
     where = f"{url_host(host)}:{port}"
     if not 0 <= port <= 65535:
         raise BindRefused(f"cannot listen on {where}: a port is 1-65535 (0: any free one)")
