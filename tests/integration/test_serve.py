@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from bench.serve_load import fire
 from typer.testing import CliRunner
 
 from fedtune.algorithms.final import Decoder, FinalModel, FinalModelError
@@ -324,6 +325,14 @@ def test_stopping_the_server_does_not_wait_for_generation(slow: tuple[_Slow, Bac
     server.stop(timeout=30)
     assert not thread.is_alive() and time.monotonic() - started < 20  # 800 steps would take 40 s
     assert _settled(model) < 800
+
+
+def test_many_requests_at_once_are_all_answered(fedit_run: Path) -> None:
+    """A small load test (``bench/serve_load.py`` is the full one): 20 chat requests sent together on
+    loopback, each with a timeout, all answered 200."""
+    with BackgroundServer(build_app(run_service(fedit_run, served_name="tiny"))) as server:
+        latencies, outcomes = fire(server.url, 20, max_tokens=4, timeout=120)
+    assert outcomes == {"200": 20} and len(latencies) == 20
 
 
 # ----- the CLI's address checks --------------------------------------------------------------------
