@@ -152,4 +152,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "steps, per learning rate",
         "the full model's hidden state (1.0: no closer than a zero vector)",
     ),
+    "serve-load": Benchmark(
+        "serve_load",
+        "serve-load",
+        "fedtune serve under load: 50 short chat requests at once on loopback (a tiny FedIT run): p50/p99 "
+        "latency",
+        "none: latency figures only (every request answered 200, none refused or timed out)",
+    ),
 }

@@ -290,7 +290,7 @@ def serve(
     target: Annotated[
         str, typer.Argument(help="a finished run directory, or a model (zoo/tiny name, directory)")
     ],
-    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one)")] = 8000,
     host: Annotated[str, typer.Option(help="listen address (not loopback: --allow-remote)")] = "127.0.0.1",
     allow_remote: Annotated[bool, typer.Option(help="allow a --host other machines can reach")] = False,
     api_key: Annotated[
@@ -308,42 +308,77 @@ def serve(
     seed: Annotated[int, typer.Option(help="a model: the initialisation of a tiny random model")] = 0,
     variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
     option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
+    max_concurrent: Annotated[
+        int, typer.Option(min=1, help="requests in flight at once; one more is answered 429")
+    ] = 64,
 ) -> None:
     """Serve a finished run's final model (OpenAI chat and completions, streaming) or a model's next-token
     log-probabilities (the vLLM completions subset FedPT's HTTP large model uses). See docs/serving.md."""
-    from fedtune.serve import build_app, check_bind, logits_service, run_service
-    from fedtune.serve.launch import API_KEY_ENV, serve_forever
+    from fedtune.serve import build_app, check_bind
+    from fedtune.serve.launch import (
+        API_KEY_ENV,
+        LISTEN_BACKLOG,
+        bound_port,
+        open_socket,
+        serve_forever,
+        url_host,
+    )
 
     key = api_key or os.environ.get(API_KEY_ENV) or None
     try:
         for warning in check_bind(host, allow_remote, key):
             console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
-        path = Path(target)
-        if (path / "config.yaml").is_file():
-            service: Any = run_service(
-                path, served_name=served_model_name, variant=variant, options=_options(option)
-            )
-            what = f"run {path} ({service.final.cfg.algorithm})"
-        else:
-            if variant or option:
-                raise ValueError("--variant and --option apply to a run directory, not to a model")
-            service = logits_service(
-                target,
-                served_name=served_model_name,
-                max_logprobs=max_logprobs,
-                dtype=dtype,
-                device=device,
-                seed=seed,
-            )
-            what = f"model {target} (log-probabilities, at most {service.max_logprobs} per position)"
+        sock = open_socket(host, port)  # before the model loads: a taken port fails at once
     except EXPECTED_ERRORS as exc:
         _fail(exc)
+    try:
+        service, what = _serve_target(
+            target, served_model_name, max_logprobs, dtype, device, seed, variant, option
+        )
+    except EXPECTED_ERRORS as exc:
+        sock.close()
+        _fail(exc)
+    sock.listen(LISTEN_BACKLOG)  # from here a client connects (and waits for uvicorn's first accept)
     console.print(
-        f"serving {what} as {service.name!r} on http://{host}:{port}/v1"
+        f"serving {what} as {service.name!r} on http://{url_host(host)}:{bound_port(sock)}/v1"
         + (" (API key required)" if key else ""),
         soft_wrap=True,
     )
-    serve_forever(build_app(service, api_key=key), host, port)
+    serve_forever(build_app(service, api_key=key, max_concurrent=max_concurrent), sock)
+
+
+def _serve_target(
+    target: str,
+    served_model_name: str | None,
+    max_logprobs: int,
+    dtype: str,
+    device: str,
+    seed: int,
+    variant: str | None,
+    option: list[str] | None,
+) -> tuple[Any, str]:
+    """``fedtune serve``'s service for ``target`` (a run directory or a model) and how to name it."""
+    from fedtune.serve import logits_service, run_service
+
+    path = Path(target)
+    if (path / "config.yaml").is_file():
+        service: Any = run_service(
+            path, served_name=served_model_name, variant=variant, options=_options(option)
+        )
+        what = f"run {path} ({service.final.cfg.algorithm})"
+    else:
+        if variant or option:
+            raise ValueError("--variant and --option apply to a run directory, not to a model")
+        service = logits_service(
+            target,
+            served_name=served_model_name,
+            max_logprobs=max_logprobs,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+        )
+        what = f"model {target} (log-probabilities, at most {service.max_logprobs} per position)"
+    return service, what
 
 
 CacheOption = Annotated[

@@ -114,6 +114,10 @@ class FinalModel(ABC):
         """How to decode token by token (``stream``), or None for a model that only has ``generate``."""
         return None
 
+    def context_length(self) -> int | None:
+        """The most tokens (prompt and continuation) the model takes, or None where none is known."""
+        return None
+
     def stream(
         self,
         prompt: str,
@@ -166,6 +170,11 @@ class CausalLMModel(FinalModel):
             max_length=self.cfg.data.max_length,
             seed=self.cfg.seed,
         )
+
+    def context_length(self) -> int | None:
+        from fedtune.decode.generate import context_length
+
+        return context_length(self.model)
 
     def decoder(self) -> Decoder:
         from fedtune.decode.generate import eos_token_ids, model_device, model_step_fn

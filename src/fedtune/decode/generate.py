@@ -49,6 +49,23 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""Where a transformers config states the longest sequence the model takes, by architecture."""
+
+
+def context_length(model: Any) -> int | None:
+    """The most tokens (prompt and continuation) ``model`` takes, from its config (the text model's, for
+    a multimodal one); None when the config states none."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for field in CONTEXT_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
     """The parameters of the forward of ``model`` (of its base model when it is a PEFT wrapper)."""
     wrapped: Any = model
@@ -372,9 +389,16 @@ class TextStream:
         return self
 
     def close(self) -> None:
-        """End the stream early (a client went away); no further steps run."""
+        """End the stream early (a client went away); no further steps run. Safe to call from another
+        thread while a step runs: the stream ends after that step."""
         if self.finish_reason is None:
             self.finish_reason = "cancelled"
+
+    def step(self) -> str | None:
+        """One model step: the text it adds ("" while held back), or None once the stream has ended."""
+        if self.finish_reason is not None:
+            return None
+        return self._step()
 
     def __next__(self) -> str:
         while self.finish_reason is None:

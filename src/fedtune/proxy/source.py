@@ -17,7 +17,14 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from fedtune.decode.generate import StepFn, eos_token_ids, evaluating, model_device, model_step_fn
+from fedtune.decode.generate import (
+    StepFn,
+    context_length,
+    eos_token_ids,
+    evaluating,
+    model_device,
+    model_step_fn,
+)
 from fedtune.train.losses import labelled_logits
 
 
@@ -58,6 +65,11 @@ class LocalLogitSource:
             param.requires_grad_(False)
         self._tokenizer = tokenizer
         self.name = name
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The most tokens the model takes (its config's), as a server's ``max_model_len``."""
+        return context_length(self._model)
 
     @classmethod
     def load(

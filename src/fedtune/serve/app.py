@@ -1,10 +1,13 @@
 """The HTTP application ``fedtune serve`` runs: a service's routes, OpenAI-shaped errors, a bearer token.
 
 A service (``logits.LogitsService`` for a model, ``run.RunService`` for a finished run) answers requests
-on one model worker thread: requests are received concurrently, the model computes one step at a time.
+on one model worker thread: requests are received concurrently, the model computes one step at a time
+(a decoding request takes one step per turn, so requests in flight take turns). At most
+``max_concurrent`` requests are in flight; one more is answered 429 at once rather than queued.
 Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with its status (400 a request
-the server cannot serve, 401 a missing or wrong API key, 404 an unknown model or route, 422 a body that
-does not fit the schema, 500 a failure, logged on the server); a traceback never leaves the process.
+the server cannot serve or a body that does not fit the schema, naming the field in ``param``, as OpenAI
+and vLLM answer; 401 a missing or wrong API key, 404 an unknown model or route, 500 a failure, logged on
+the server); a traceback never leaves the process.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fedtune.serve.protocol import APIError, bad_request, error_body, now
+from fedtune.serve.protocol import APIError, bad_request, error_body, now, validation_error
 
 log = logging.getLogger("fedtune.serve")
 
@@ -31,13 +36,50 @@ T = TypeVar("T")
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths answered without the API key (a load balancer's health check)."""
+DEFAULT_MAX_CONCURRENT = 64
+"""Requests in flight at once (``--max-concurrent``) before more are answered 429."""
+
+
+class Slot:
+    """A request's place among those in flight; ``release`` gives it back (once, however often called)."""
+
+    def __init__(self, worker: ModelWorker) -> None:
+        self._worker: ModelWorker | None = worker
+
+    def release(self) -> None:
+        if self._worker is not None:
+            self._worker.in_flight -= 1
+            self._worker = None
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class ModelWorker:
-    """One thread that runs every model call, in the order they come."""
+    """One thread that runs every model call, in the order they come, for at most ``max_concurrent``
+    requests in flight (``slot``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_concurrent: int = DEFAULT_MAX_CONCURRENT) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedtune-serve-model")
+        self.max_concurrent, self.in_flight = max_concurrent, 0
+
+    def slot(self) -> Slot:
+        """A place for one more request (on the event loop's thread), or a 429 when all are taken."""
+        if self.in_flight >= self.max_concurrent:
+            raise APIError(
+                429,
+                f"the server is busy: {self.max_concurrent} requests are in flight (its --max-concurrent); "
+                "retry later",
+                type="rate_limit_error",
+                code="server_busy",
+            )
+        self.in_flight += 1
+        return Slot(self)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
@@ -90,37 +132,57 @@ def check_model(requested: str | None, served: str) -> None:
         )
 
 
-def sse(chunks: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+def sse(
+    chunks: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]], slot: Slot | None = None
+) -> StreamingResponse:
     """Server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``; an error after the first
-    chunk (the status is already sent) is sent as a last ``data: {"error": ...}`` event."""
+    chunk (the status is already sent) is sent as a last ``data: {"error": ...}`` event. ``slot`` is
+    released when the stream ends, however it ends."""
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            if hasattr(chunks, "__aiter__"):
-                async for chunk in chunks:
-                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
-            else:
-                for chunk in chunks:
-                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
-        except APIError as exc:
-            yield f"data: {json.dumps(exc.body())}\n\n".encode()
-            return
-        except Exception:
-            log.exception("streaming a response failed")
-            body = error_body(
-                "the server failed while streaming this response (logged on the server)", "server_error"
-            )
-            yield f"data: {json.dumps(body)}\n\n".encode()
-            return
-        yield b"data: [DONE]\n\n"
+            async for event in _events(chunks):
+                yield event
+        finally:  # also when the client went away or the server stops: end the decoding now
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if slot is not None:
+                slot.release()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    background = None if slot is None else BackgroundTask(slot.release)  # also when never iterated
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=background
+    )
 
 
-def build_app(service: Service, *, api_key: str | None = None) -> FastAPI:
+async def _events(chunks: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    try:
+        if hasattr(chunks, "__aiter__"):
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+        else:
+            for chunk in chunks:
+                yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+    except APIError as exc:
+        yield f"data: {json.dumps(exc.body())}\n\n".encode()
+        return
+    except Exception:
+        log.exception("streaming a response failed")
+        body = error_body(
+            "the server failed while streaming this response (logged on the server)", "server_error"
+        )
+        yield f"data: {json.dumps(body)}\n\n".encode()
+        return
+    yield b"data: [DONE]\n\n"
+
+
+def build_app(
+    service: Service, *, api_key: str | None = None, max_concurrent: int = DEFAULT_MAX_CONCURRENT
+) -> FastAPI:
     """The FastAPI application serving ``service``; with ``api_key`` every route but ``/health`` needs
-    ``Authorization: Bearer <api_key>``."""
-    worker = ModelWorker()
+    ``Authorization: Bearer <api_key>``; more than ``max_concurrent`` requests in flight are answered 429."""
+    worker = ModelWorker(max_concurrent)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -139,6 +201,11 @@ def build_app(service: Service, *, api_key: str | None = None) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()]  # less "body"
+        return error_response(validation_error(problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -73,7 +73,8 @@ class LogitsService:
         async def completions(request: Request) -> Response:
             body = parse(CompletionRequest, await json_body(request))
             self.check(body)
-            return Response(await worker.run(self.complete_json, body), media_type="application/json")
+            with worker.slot():
+                return Response(await worker.run(self.complete_json, body), media_type="application/json")
 
         @app.post("/tokenize")
         async def tokenize(request: Request) -> Response:

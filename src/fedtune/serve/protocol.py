@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -48,25 +49,26 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def validation_error(exc: ValidationError) -> APIError:
-    """A 422 naming the first offending field (dotted path) and every problem found."""
-    problems = exc.errors()
+def validation_error(problems: Sequence[Mapping[str, Any]]) -> APIError:
+    """A 400 naming the first offending field (dotted path) and every problem found (pydantic's
+    ``errors()``): OpenAI and vLLM answer a body that does not fit the schema 400
+    ``invalid_request_error``, not FastAPI's 422."""
     location = problems[0].get("loc", ()) if problems else ()
     param = str(location[0]) if location else None  # the request's own field, not pydantic's union branch
     details = "; ".join(
         f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg', 'invalid')}" for e in problems
     )
-    return APIError(422, f"invalid request: {details}", param=param)
+    return APIError(400, f"invalid request: {details}", param=param)
 
 
 def parse(model: type[BaseModelT], body: Any) -> BaseModelT:
-    """``body`` (parsed JSON) as ``model``; 422 with the field's name when it does not fit."""
+    """``body`` (parsed JSON) as ``model``; 400 with the field's name when it does not fit."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc.errors()) from None
 
 
 class Request(BaseModel):
@@ -76,6 +78,10 @@ class Request(BaseModel):
 
 
 StopParam = str | list[str] | None
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""The seeds accepted: a signed 64-bit integer, as OpenAI's API and vLLM take (torch's generator takes
+no wider one)."""
 
 
 class SamplingRequest(Request):
@@ -88,7 +94,7 @@ class SamplingRequest(Request):
     n: int = Field(1, ge=1)
     stop: StopParam = None
     stream: bool = False
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
 
     @field_validator("stop")
     @classmethod

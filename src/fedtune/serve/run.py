@@ -12,6 +12,12 @@ The model is whatever the run's method says its final model is (``Algorithm.fina
   ``temperature`` (default 1, 0 greedy), ``top_p``, ``stop`` (up to 4 strings, cut from the text),
   ``seed`` (default: a fresh one per request), ``stream`` (server-sent events ending ``data: [DONE]``);
   ``n`` must be 1, and log-probabilities are not served (``fedtune serve MODEL`` serves them for a model).
+
+The prompt and ``max_tokens`` together must fit the model's context (``FinalModel.context_length``, its
+config's, and the tokenizer's where it states one): past it the answer is 400 before any decoding.
+Decoding runs one model step per turn on the worker, so requests in flight take turns, and it ends when
+the client goes away (a whole response: checked between steps; a stream: the send fails) or the server
+stops.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from fastapi.responses import Response
 from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.data.records import Record
 from fedtune.data.templates import build_prompt
+from fedtune.decode.generate import TextStream
 from fedtune.serve.app import ModelWorker, check_model, json_body, json_response, sse
 from fedtune.serve.protocol import (
     ChatRequest,
@@ -43,6 +50,17 @@ DEFAULT_COMPLETION_TOKENS = 16
 """``max_tokens`` of a completion request that names none (OpenAI's default)."""
 DEFAULT_CHAT_TOKENS = 256
 """``max_tokens`` of a chat request that names none (OpenAI's is the context: small models need a bound)."""
+NO_LIMIT = 10**8
+"""A tokenizer's ``model_max_length`` at or above this is transformers' "no limit" sentinel."""
+
+
+def context_limit(final: FinalModel) -> int | None:
+    """The most tokens a request may use: the smaller of the model's context and the tokenizer's limit
+    (where either states one)."""
+    tokenizer_limit = getattr(final.tokenizer, "model_max_length", None)
+    limits = [final.context_length(), tokenizer_limit if isinstance(tokenizer_limit, int) else None]
+    known = [limit for limit in limits if limit is not None and 0 < limit < NO_LIMIT]
+    return min(known) if known else None
 
 
 class RunService:
@@ -58,9 +76,7 @@ class RunService:
         self.name = name
         self.tokenizer = final.tokenizer
         self.template = final.cfg.data.template
-        self.max_model_len: int | None = getattr(self.tokenizer, "model_max_length", None)
-        if self.max_model_len is not None and self.max_model_len > 10**8:
-            self.max_model_len = None  # transformers' "no limit" sentinel
+        self.max_model_len = context_limit(final)
 
     # ----- routes ---------------------------------------------------------------------------------
     def mount(self, app: FastAPI, worker: ModelWorker) -> None:
@@ -84,10 +100,16 @@ class RunService:
             max_tokens = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens
             if body.stream and len(prompts) != 1:
                 raise bad_request("stream takes one prompt", "prompt")
-            opened = [await worker.run(self.open, body, prompt, max_tokens) for prompt in prompts]
-            if body.stream:
-                return sse(self._completion_chunks(worker, opened[0]))
-            return json_response(await self._completion(worker, opened))
+            slot = worker.slot()
+            try:
+                opened = [await worker.run(self.open, body, prompt, max_tokens) for prompt in prompts]
+                if body.stream:
+                    return sse(self._completion_chunks(worker, opened[0], request), slot)
+                with slot:
+                    return json_response(await self._completion(worker, opened, request))
+            except BaseException:
+                slot.release()
+                raise
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
@@ -98,11 +120,17 @@ class RunService:
             prompt = self.render(body)
             limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
             max_tokens = DEFAULT_CHAT_TOKENS if limit is None else limit
-            opened = await worker.run(self.open, body, prompt, max_tokens)
-            if body.stream:
-                usage = bool((body.stream_options or {}).get("include_usage"))
-                return sse(self._chat_chunks(worker, opened, usage))
-            return json_response(await self._chat(worker, opened))
+            slot = worker.slot()
+            try:
+                opened = await worker.run(self.open, body, prompt, max_tokens)
+                if body.stream:
+                    usage = bool((body.stream_options or {}).get("include_usage"))
+                    return sse(self._chat_chunks(worker, opened, usage, request), slot)
+                with slot:
+                    return json_response(await self._chat(worker, opened, request))
+            except BaseException:
+                slot.release()
+                raise
 
     def _check(self, body: SamplingRequest) -> None:
         check_model(body.model, self.name)
@@ -134,12 +162,7 @@ class RunService:
         """The model's text stream for ``prompt`` (on the worker: it tokenizes; decoding starts on the
         first ``next``), or a 400 before anything is sent."""
         prompt_tokens = len(self.tokenizer(prompt)["input_ids"])
-        if self.max_model_len is not None and prompt_tokens + max_tokens > self.max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                f"{prompt_tokens} and max_tokens asks for {max_tokens} more",
-                "max_tokens",
-            )
+        self._check_length(prompt_tokens, max_tokens)
         try:
             stream = self.final.stream(
                 prompt,
@@ -153,39 +176,53 @@ class RunService:
             raise bad_request(str(exc)) from None
         return Opened(stream, prompt_tokens, self.tokenizer)
 
-    @staticmethod
-    async def _whole(worker: ModelWorker, opened: Opened) -> tuple[str, str, dict[str, int]]:
-        def whole() -> tuple[str, str, dict[str, int]]:
-            text = "".join(opened.stream)
-            return text, opened.finish_reason(), opened.usage(text)
+    def _check_length(self, prompt_tokens: int, max_tokens: int) -> None:
+        """400 for a prompt and ``max_tokens`` that do not fit the context (naming the prompt when it
+        alone does not)."""
+        limit = self.max_model_len
+        if limit is None or prompt_tokens + max_tokens <= limit:
+            return
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the length of the prompt or max_tokens.",
+            "prompt" if prompt_tokens >= limit else "max_tokens",
+        )
 
-        return await worker.run(whole)
+    @staticmethod
+    async def _whole(
+        worker: ModelWorker, opened: Opened, request: Request
+    ) -> tuple[str, str, dict[str, int]]:
+        text = "".join([delta async for delta in RunService._deltas(worker, opened, request)])
+        return text, opened.finish_reason(), opened.usage(text)
 
     @staticmethod
-    async def _deltas(worker: ModelWorker, opened: Opened) -> AsyncIterator[str]:
-        """Each text delta as it is decoded (one model step at a time on the worker)."""
-        end = object()
+    async def _deltas(worker: ModelWorker, opened: Opened, request: Request) -> AsyncIterator[str]:
+        """Each text delta as it is decoded, one model step per turn on the worker; the decoding ends
+        when the client goes away, and (``finally``) when this is cancelled or closed."""
         try:
-            while True:
-                delta = await worker.run(next, opened.stream, end)
-                if delta is end:
+            while (delta := await worker.run(opened.advance)) is not None:
+                if delta:
+                    yield delta
+                if await request.is_disconnected():
                     return
-                yield str(delta)
         finally:
-            close = getattr(opened.stream, "close", None)
-            if close is not None:
-                worker.submit(close)  # after any step still running, on the worker
+            opened.close()  # a flag: a step running on the worker is the last
 
     # ----- completions ----------------------------------------------------------------------------
-    async def _completion(self, worker: ModelWorker, opened: list[Opened]) -> dict[str, Any]:
+    async def _completion(
+        self, worker: ModelWorker, opened: list[Opened], request: Request
+    ) -> dict[str, Any]:
         choices, totals = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         for index, one in enumerate(opened):
-            text, reason, usage = await self._whole(worker, one)
+            text, reason, usage = await self._whole(worker, one, request)
             choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
             totals = {key: totals[key] + usage[key] for key in totals}
         return completion_body(self.name, choices, totals["prompt_tokens"], totals["completion_tokens"])
 
-    async def _completion_chunks(self, worker: ModelWorker, opened: Opened) -> AsyncIterator[dict[str, Any]]:
+    async def _completion_chunks(
+        self, worker: ModelWorker, opened: Opened, request: Request
+    ) -> AsyncIterator[dict[str, Any]]:
         ident, created = new_id("cmpl"), now()
 
         def chunk(text: str, reason: str | None) -> dict[str, Any]:
@@ -197,13 +234,13 @@ class RunService:
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
             }
 
-        async for delta in self._deltas(worker, opened):
+        async for delta in self._deltas(worker, opened, request):
             yield chunk(delta, None)
         yield chunk("", opened.finish_reason())
 
     # ----- chat -----------------------------------------------------------------------------------
-    async def _chat(self, worker: ModelWorker, opened: Opened) -> dict[str, Any]:
-        text, reason, usage = await self._whole(worker, opened)
+    async def _chat(self, worker: ModelWorker, opened: Opened, request: Request) -> dict[str, Any]:
+        text, reason, usage = await self._whole(worker, opened, request)
         return {
             "id": new_id("chatcmpl"),
             "object": "chat.completion",
@@ -221,7 +258,7 @@ class RunService:
         }
 
     async def _chat_chunks(
-        self, worker: ModelWorker, opened: Opened, include_usage: bool
+        self, worker: ModelWorker, opened: Opened, include_usage: bool, request: Request
     ) -> AsyncIterator[dict[str, Any]]:
         ident, created = new_id("chatcmpl"), now()
 
@@ -236,7 +273,7 @@ class RunService:
 
         yield chunk({"role": "assistant", "content": ""}, None)
         text = ""
-        async for delta in self._deltas(worker, opened):
+        async for delta in self._deltas(worker, opened, request):
             text += delta
             yield chunk({"content": delta}, None)
         yield chunk({}, opened.finish_reason())
@@ -257,6 +294,19 @@ class Opened:
 
     def __init__(self, stream: Iterator[str], prompt_tokens: int, tokenizer: Any) -> None:
         self.stream, self.prompt_tokens, self.tokenizer = stream, prompt_tokens, tokenizer
+
+    def advance(self) -> str | None:
+        """One step (on the worker): the text it adds, or None once the text has ended. A ``TextStream``
+        takes one model step; another stream (a model without a decoder) gives its next piece."""
+        if isinstance(self.stream, TextStream):
+            return self.stream.step()
+        return next(self.stream, None)
+
+    def close(self) -> None:
+        """No more steps (a flag, safe from the event loop while a step runs on the worker)."""
+        close = getattr(self.stream, "close", None)
+        if close is not None:
+            close()
 
     def finish_reason(self) -> str:
         reason = getattr(self.stream, "finish_reason", None)

@@ -182,6 +182,14 @@ class ProxyModel(FinalModel):
             seed=cfg.seed,
         )
 
+    def context_length(self) -> int | None:
+        """The shorter of the small models' context and the large model's (its source's)."""
+        from fedtune.decode.generate import context_length
+
+        limits = (context_length(self.proxy.small), getattr(self.proxy.large, "max_model_len", None))
+        known = [limit for limit in limits if limit is not None]
+        return min(known) if known else None
+
     def decoder(self) -> Decoder:
         """Proxy-tuned decoding step by step: the large, tuned and base small models' logits combined."""
         proxy = self.proxy
