@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 
 from fedtune.algorithms.base import Algorithm, RoundResult
-from fedtune.algorithms.registry import get_algorithm
+from fedtune.algorithms.registry import client_tasks, get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts
@@ -230,6 +230,7 @@ class Runner:
             algorithm.all_client_tasks(),
             data.clients,
             self.run_dir,
+            client_tasks,
             before_task=self.before_task,
             after_task=self.after_task,
             tap=self.tap,

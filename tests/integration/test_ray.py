@@ -25,9 +25,6 @@ from tests.integration.flower_support import assert_close
 from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
 
 RAY = ("fed.backend=ray", "ray.actors=2")
-# Every algorithm is compared on Ray; in the default tier FedIT and FedAvgM (server-side momentum
-# state) run, the others (about 30 s each on two cores) are marked slow.
-DEFAULT_TIER = ("fedit", "fedavgm")
 
 
 class Interrupt(BaseException):
@@ -41,9 +38,7 @@ def ray_instance() -> Iterator[Any]:
     if started:
         # The actors unpickle the fedtune modules and this test package: both on their path.
         previous = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(ROOT), str(ROOT / "src"), previous])
-        )
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "src"), previous]))
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         finally:
@@ -56,10 +51,9 @@ def ray_instance() -> Iterator[Any]:
         ray.shutdown()
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [pytest.param(a, marks=() if a in DEFAULT_TIER else pytest.mark.slow) for a in algorithm_names()],
-)
+# Every registered algorithm, in the default tier: 10-25 s each on two cores, most of it the actors
+# starting (importing torch, building the data).
+@pytest.mark.parametrize("algorithm", algorithm_names())
 def test_ray_run_equals_in_process(algorithm: str, ray_instance: Any, tmp_path: Path) -> None:
     expected = quiet_runner(tiny_config(algorithm), tmp_path / "simulation").run()
     actual = quiet_runner(tiny_config(algorithm, *RAY), tmp_path / "ray").run()

@@ -18,17 +18,18 @@ from __future__ import annotations
 import logging
 import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedtune.errors import RunError
-from fedtune.fl.federation import ClientContext, ClientTask, Traffic, seeded_sample
+from fedtune.fl.federation import ClientContext, ClientTask, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.replies import (
     ClientHook,
     Outcome,
     ReplyHook,
+    RoundKeeper,
     TapHook,
     accept,
     fail,
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from fedtune.data.records import Record
 
 log = logging.getLogger("fedtune.fl")
+
+TaskBuilder = Callable[["ExperimentConfig"], Mapping[str, ClientTask]]
+"""Builds the client tasks from the config inside an actor (``fedtune.algorithms.registry.client_tasks``;
+passed in, since the federation layer does not import the algorithms)."""
 
 RAY_EXTRA = "pip install 'fedtune[ray]'"
 CONNECT_TIMEOUT_S = 5.0
@@ -133,12 +138,12 @@ class ClientActor:
         index: int,
         actors: int,
         workdir: str,
+        build_tasks: TaskBuilder,
         hooks: tuple[ClientHook | None, ReplyHook | None] = (None, None),
     ) -> None:
         import torch
         import yaml
 
-        from fedtune.algorithms.registry import get_algorithm
         from fedtune.config import validate_config
         from fedtune.resources import Resources
         from fedtune.rundata import prepare_data
@@ -152,7 +157,7 @@ class ClientActor:
         self.eval_data = {cid: run_data.client_eval.get(cid, []) for cid in mine}
         self.public = run_data.public_records
         self.resources = Resources(cfg)
-        self.tasks = get_algorithm(cfg.algorithm)(cfg).all_client_tasks()
+        self.tasks = build_tasks(cfg)
         self.states: dict[str, dict[str, Any]] = {cid: {} for cid in mine}
         self.workdir = Path(workdir)
         self.hooks = hooks
@@ -188,7 +193,7 @@ class ClientActor:
             self.states[cid] = dict(states.get(cid, {}))
 
 
-class RayFederation:
+class RayFederation(RoundKeeper):
     """The Federation contract on a pool of Ray actors; see the module docstring.
 
     Faults: an actor that dies (its process killed, out of memory, its machine gone) fails the tasks
@@ -206,6 +211,7 @@ class RayFederation:
         tasks: Mapping[str, ClientTask],
         client_data: Mapping[str, list[Record]],
         workdir: Path,
+        build_tasks: TaskBuilder,
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
         tap: TapHook | None = None,
@@ -224,6 +230,7 @@ class RayFederation:
         import yaml
 
         self._args = (yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False), count, str(workdir))
+        self._build_tasks = build_tasks
         self._hooks = (before_task, after_task)
         self._actor_class = self.ray.remote(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus)(ClientActor)
         self.actors: list[Any] = []
@@ -236,7 +243,7 @@ class RayFederation:
 
     def _start(self, index: int) -> Any:
         config_yaml, count, workdir = self._args
-        return self._actor_class.remote(config_yaml, index, count, workdir, self._hooks)
+        return self._actor_class.remote(config_yaml, index, count, workdir, self._build_tasks, self._hooks)
 
     def _wait_ready(self, actors: list[Any]) -> None:
         refs = [actor.ready.remote() for actor in actors]
@@ -250,16 +257,6 @@ class RayFederation:
             ) from None
         except self.ray.exceptions.RayError as exc:
             raise RunError(f"ray: an actor failed to build the run: {first_line(exc)}") from None
-
-    def client_ids(self) -> list[str]:
-        return list(self.client_sizes)
-
-    def sample(self, k: int, rnd: int) -> list[str]:
-        return seeded_sample(self.client_ids(), k, self.cfg.seed, rnd)
-
-    def begin_round(self, rnd: int) -> None:
-        self.rnd = rnd
-        self.traffic = Traffic()
 
     def call(
         self,

@@ -18,10 +18,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload
+from fedtune.fl.federation import ClientContext, ClientTask, Traffic, per_client_payload, seeded_sample
 from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
 from fedtune.fl.validation import Expect, ReplyRejected, check_reply
+
+if TYPE_CHECKING:
+    from fedtune.config import ExperimentConfig
 
 log = logging.getLogger("fedtune.fl")
 
@@ -29,6 +33,27 @@ ClientHook = Callable[[str, str, int], None]
 ReplyHook = Callable[[str, str, int, Payload], Payload]
 TapHook = Callable[[str, str, str, int, Payload], None]
 """``(direction "down" | "up", client, task, round, payload)``: sees every message on the wire."""
+
+
+class RoundKeeper:
+    """The part of the contract a backend that knows its clients' sizes needs no more for: the client
+    list, the seeded sample (a pure function of seed and round, so a resume samples the same clients)
+    and a fresh ``Traffic`` per round."""
+
+    cfg: ExperimentConfig
+    client_sizes: dict[str, int]
+    traffic: Traffic
+    rnd: int
+
+    def client_ids(self) -> list[str]:
+        return list(self.client_sizes)
+
+    def sample(self, k: int, rnd: int) -> list[str]:
+        return seeded_sample(self.client_ids(), k, self.cfg.seed, rnd)
+
+    def begin_round(self, rnd: int) -> None:
+        self.rnd = rnd
+        self.traffic = Traffic()
 
 
 @dataclass

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedtune.data.records import Record
-from fedtune.fl.federation import ClientContext, ClientTask, Traffic, seeded_sample
+from fedtune.fl.federation import ClientContext, ClientTask, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.replies import (
     ClientHook,
     Outcome,
     ReplyHook,
+    RoundKeeper,
     TapHook,
     accept,
     outbound,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["ClientHook", "InProcessFederation", "ReplyHook", "TapHook"]
 
 
-class InProcessFederation:
+class InProcessFederation(RoundKeeper):
     """The simulation backend of the Federation contract."""
 
     def __init__(
@@ -68,16 +69,6 @@ class InProcessFederation:
         self.before_task = before_task
         self.after_task = after_task
         self.tap = tap
-
-    def client_ids(self) -> list[str]:
-        return list(self.client_data)
-
-    def sample(self, k: int, rnd: int) -> list[str]:
-        return seeded_sample(self.client_ids(), k, self.cfg.seed, rnd)
-
-    def begin_round(self, rnd: int) -> None:
-        self.rnd = rnd
-        self.traffic = Traffic()
 
     def _context(self, client: str) -> ClientContext:
         report = self._reporter(client) if self._reporter else None
