@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from fedtune.algorithms.registry import algorithm_names, get_algorithm
 from fedtune.errors import RunError
@@ -130,3 +131,22 @@ def test_unreachable_address_fails_fast_naming_it(tmp_path: Path) -> None:
     with pytest.raises(RunError, match=r"ray.address '127.0.0.1:1'"):
         quiet_runner(tiny_config("fedit", *RAY, "ray.address=127.0.0.1:1"), tmp_path / "run").run()
     assert time.monotonic() - start < 120  # seconds, not Ray's minutes of retries
+
+
+def test_cli_runs_and_resumes_on_ray(ray_instance: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedtune.cli import app
+
+    config = str(ROOT / "configs" / "test" / "fedit-tiny.yaml")
+    cli = CliRunner()
+    run_dir = tmp_path / "run"
+    result = cli.invoke(app, ["run", config, "fed.rounds=1", "--backend", "ray", "-o", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["fed"]["backend"] == "ray"
+    result = cli.invoke(app, ["resume", str(run_dir)])  # on Ray again, from the saved config
+    assert result.exit_code == 0, result.output
+    bad = ["run", config, "ray.address=127.0.0.1:1", "--backend", "ray", "-o", str(tmp_path / "bad")]
+    result = cli.invoke(app, bad)
+    assert result.exit_code == 2
+    assert "ray.address '127.0.0.1:1'" in result.output
