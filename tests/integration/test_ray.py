@@ -69,6 +69,16 @@ def test_ray_run_equals_in_process(algorithm: str, ray_instance: Any, tmp_path: 
         assert set(states["ray"][client]) == set(state), client
 
 
+def test_secure_aggregation_personal_eval_and_fp16_wire_on_ray(ray_instance: Any, tmp_path: Path) -> None:
+    # SecAgg+ keeps each client's masked arrays in its state between tasks (on its actor); the
+    # clients' held-out splits and the fp16 wire are rebuilt from the config in the actors.
+    options = ("secagg.enabled=true", "eval.personal=true", "data.holdout=0.2", "fed.wire_dtype=fp16")
+    expected = quiet_runner(tiny_config("fedit", *options), tmp_path / "simulation").run()
+    actual = quiet_runner(tiny_config("fedit", *options, *RAY), tmp_path / "ray").run()
+    assert_close(stable(actual), stable(expected))
+    assert "eval_by_client" in actual[-1]
+
+
 def test_ray_resume_equals_uninterrupted(
     ray_instance: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
