@@ -56,6 +56,8 @@ def start_ray(cpus: int) -> float:
         return 0.0
     paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    # Ray's memory monitor off: on a shared machine another job's memory would get the actors killed.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     begin = time.perf_counter()
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     return time.perf_counter() - begin

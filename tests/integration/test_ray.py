@@ -37,16 +37,14 @@ def ray_instance() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        # The actors unpickle the fedtune modules and this test package: both on their path.
-        previous = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "src"), previous]))
-        try:
+        # The actors unpickle the fedtune modules and this test package: both on their path. Ray's
+        # memory monitor is off: on a shared machine another job's memory would get our actors killed.
+        paths = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "RAY_memory_monitor_refresh_ms": "0"}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-        finally:
-            if previous is None:
-                del os.environ["PYTHONPATH"]
-            else:
-                os.environ["PYTHONPATH"] = previous
     yield ray
     if started:
         ray.shutdown()
