@@ -320,8 +320,7 @@ class RayFederation(RoundKeeper):
         self.ray.kill(self.actors[index], no_restart=True)
         actor = self._start(index)
         self._wait_ready([actor])
-        mine = {cid: self.saved.get(cid, {}) for cid, home in self.home.items() if home == index}
-        self.ray.get(actor.set_states.remote(mine))
+        self.ray.get(actor.set_states.remote(self._own(index)))
         self.actors[index] = actor
 
     def state_dict(self) -> dict[str, Any]:
@@ -333,14 +332,18 @@ class RayFederation(RoundKeeper):
             except self.ray.exceptions.RayError as exc:
                 log.warning("ray actor %d lost before the checkpoint (%s)", index, first_line(exc))
                 self._replace(index)
-                gathered.update({cid: s for cid, s in self.saved.items() if self.home.get(cid) == index})
+                gathered.update(self._own(index))
         self.saved = {cid: gathered.get(cid, {}) for cid in self.client_sizes}
         return {"clients": self.saved}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("clients", {})
         self.saved = {cid: dict(saved.get(cid, {})) for cid in self.client_sizes}
-        self.ray.get([actor.set_states.remote(self.saved) for actor in self.actors])
+        self.ray.get([actor.set_states.remote(self._own(i)) for i, actor in enumerate(self.actors)])
+
+    def _own(self, index: int) -> dict[str, dict[str, Any]]:
+        """The saved states of the clients actor ``index`` serves (each actor is sent only its own)."""
+        return {cid: self.saved.get(cid, {}) for cid, home in self.home.items() if home == index}
 
     def close(self) -> None:
         """End the actors (their CPUs and GPUs go back to the instance); the instance itself stays."""
