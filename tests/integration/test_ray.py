@@ -158,3 +158,17 @@ def test_cli_runs_and_resumes_on_ray(ray_instance: Any, tmp_path: Path) -> None:
     result = cli.invoke(app, bad)
     assert result.exit_code == 2
     assert "ray.address '127.0.0.1:1'" in result.output
+
+
+def test_a_pool_larger_than_the_instance_is_refused_naming_the_keys() -> None:
+    from types import SimpleNamespace
+
+    from fedtune.config import RayConfig
+    from fedtune.fl.ray_backend import check_capacity
+
+    instance = SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0, "GPU": 1.0})
+    check_capacity(instance, RayConfig(actors=2, num_cpus=2, num_gpus=0.5), 2)
+    with pytest.raises(RunError, match=r"ray.actors 3 x ray.num_cpus 2 = 6 CPUs, but the Ray instance has 4"):
+        check_capacity(instance, RayConfig(actors=3, num_cpus=2), 3)
+    with pytest.raises(RunError, match=r"ray.num_gpus 1 = 2 GPUs"):
+        check_capacity(instance, RayConfig(actors=2, num_gpus=1), 2)

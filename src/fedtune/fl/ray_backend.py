@@ -108,23 +108,18 @@ def connect(ray_cfg: RayConfig, actors: int) -> Any:
 
 
 def check_capacity(ray: Any, ray_cfg: RayConfig, actors: int) -> None:
-    """Refuse a pool the instance can never schedule (Ray would wait for it forever)."""
+    """Refuse a pool the instance cannot hold at once: every actor must be up before the first round,
+    and Ray would keep the ones that do not fit waiting, forever. (An autoscaling cluster that would
+    add machines on demand is not waited for.)"""
     total = ray.cluster_resources()
     for key, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
-        per_actor = float(getattr(ray_cfg, key))
+        need = actors * float(getattr(ray_cfg, key))
         have = float(total.get(resource, 0.0))
-        if per_actor > 0 and per_actor > have:
+        if need > have + 1e-9:
             raise RunError(
-                f"ray.{key} {per_actor:g}: each actor asks for more {resource}s than the Ray instance has "
-                f"({have:g}); lower ray.{key} or add machines to the cluster"
+                f"ray.actors {actors} x ray.{key} {getattr(ray_cfg, key):g} = {need:g} {resource}s, but the "
+                f"Ray instance has {have:g}; lower ray.actors or ray.{key}, or add machines to the cluster"
             )
-    if actors * ray_cfg.num_gpus > float(total.get("GPU", 0.0)):
-        log.warning(
-            "ray: %d actors x %g GPUs exceed the instance's %g; some actors wait for a GPU",
-            actors,
-            ray_cfg.num_gpus,
-            total.get("GPU", 0.0),
-        )
 
 
 class ClientActor:
