@@ -172,3 +172,16 @@ def test_a_pool_larger_than_the_instance_is_refused_naming_the_keys() -> None:
         check_capacity(instance, RayConfig(actors=3, num_cpus=2), 3)
     with pytest.raises(RunError, match=r"ray.num_gpus 1 = 2 GPUs"):
         check_capacity(instance, RayConfig(actors=2, num_gpus=1), 2)
+
+
+def test_an_actor_that_cannot_build_the_run_is_reported_by_its_own_exception() -> None:
+    from fedtune.fl.ray_backend import first_line, last_line
+
+    relayed = RuntimeError(
+        "The actor died because of an error raised in its creation task, \x1b[36mray::ClientActor"
+        '.__init__()\x1b[39m (pid=1)\n  File "x.py", line 6, in __init__\n    raise ValueError\n'
+        "ValueError: data.dataset 'x.jsonl': no such file\n"
+    )
+    assert last_line(relayed) == "ValueError: data.dataset 'x.jsonl': no such file"
+    assert first_line(relayed).startswith("The actor died because of an error raised in its creation task")
+    assert "\x1b" not in first_line(relayed)

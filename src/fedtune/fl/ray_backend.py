@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -251,7 +252,7 @@ class RayFederation(RoundKeeper):
                 "(ray.num_cpus, ray.num_gpus)?"
             ) from None
         except self.ray.exceptions.RayError as exc:
-            raise RunError(f"ray: an actor failed to build the run: {first_line(exc)}") from None
+            raise RunError(f"ray: an actor failed to build the run: {last_line(exc)}") from None
 
     def call(
         self,
@@ -349,5 +350,16 @@ class RayFederation(RoundKeeper):
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's first line, cut: Ray's messages carry whole remote tracebacks."""
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:limit]
+    lines = _lines(exc)
+    return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
+def last_line(exc: BaseException, limit: int = 300) -> str:
+    """The last line of a remote traceback Ray relays: the exception the actor raised."""
+    lines = _lines(exc)
+    return (lines[-1] if lines else type(exc).__name__)[:limit]
+
+
+def _lines(exc: BaseException) -> list[str]:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Ray colours the remote task's name
+    return [line.strip() for line in text.splitlines() if line.strip()]
