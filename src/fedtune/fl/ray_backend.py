@@ -97,7 +97,7 @@ def connect(ray_cfg: RayConfig, actors: int) -> Any:
         check_reachable(address)
     if ray.is_initialized():
         return ray
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
     try:
         if address is None:
             ray.init(num_cpus=max(1, math.ceil(actors * ray_cfg.num_cpus)), **quiet)
