@@ -48,6 +48,7 @@ VOLATILE = {
     "server_seconds",
     "round_seconds",
     "peak_rss_mb",
+    "actor_peak_rss_mb",
     "gpu_peak_mb",
     "client_peak_mem_mb",
 }

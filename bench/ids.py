@@ -85,6 +85,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the same job in-process",
         "Flower <= 1.25x in-process per round; the same metrics",
     ),
+    "p16": Benchmark(
+        "ray_overhead",
+        "p16",
+        "the round time of a FedIT job on Ray actors (2 actors x 1 thread)",
+        "the same job in-process with 2 threads",
+    ),
     "p10": Benchmark(
         "perfit_step",
         "p10",

@@ -98,7 +98,8 @@ NOTES: dict[str, str] = {
     "fed.client_timeout": "Seconds to wait for a client's reply.",
     "fed.norm_bound": "Reject a reply whose update norm exceeds this.",
     "fed.keep_checkpoints": "How many round checkpoints to keep.",
-    "fed.backend": "`simulation` (in-process) or `flower` (a Flower deployment).",
+    "fed.backend": "`simulation` (in-process), `flower` (a Flower deployment) or `ray` (Ray actors; "
+    "`docs/scaling.md`).",
     "eval.metrics": "What is scored; `acc` and `acc_norm` score multiple-choice records by the "
     "log-likelihood of each choice (`acc_norm`: divided by the choice's length in characters).",
     "eval.max_examples": "Test examples scored (a seeded subset; `null`: all).",

@@ -40,6 +40,7 @@ out = Console() if sys.stdout.isatty() else Console(width=200)
 
 VARIANT_HELP = "a named variant of the run's final model (e.g. adapfu or adapemu); default: the first"
 OPTION_HELP = "KEY=VALUE for the run's final model (e.g. alpha=0.8 for a proxy-tuned model; repeatable)"
+BACKENDS = ("simulation", "flower", "ray")
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     KeyError,
@@ -87,8 +88,9 @@ def run(
     backend: Annotated[
         str | None,
         typer.Option(
-            help="simulation (in-process) or flower (a local Flower deployment: SuperLink + one "
-            "SuperNode per client on loopback); default: the config's fed.backend"
+            help="simulation (in-process), flower (a local Flower deployment: SuperLink + one "
+            "SuperNode per client on loopback) or ray (Ray actors, the ray section); default: the config's "
+            "fed.backend"
         ),
     ] = None,
 ) -> None:
@@ -98,8 +100,8 @@ def run(
     try:
         cfg = load_config(config, overrides or [])
         if backend is not None:
-            if backend not in ("simulation", "flower"):
-                raise ValueError(f"unknown backend {backend!r}; available: simulation, flower")
+            if backend not in BACKENDS:
+                raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
             cfg.fed.backend = backend  # type: ignore[assignment]
         run_dir = output_dir or cfg.run_dir()
         from fedtune.rundata import pin_data_paths

@@ -140,7 +140,7 @@ class FedConfig(Section):
     aggregator: Literal["mean", "median", "trimmed_mean"] = "mean"
     trim: float = Field(0.2, ge=0, lt=0.5)
     keep_checkpoints: int = Field(2, ge=1)
-    backend: Literal["simulation", "flower"] = "simulation"
+    backend: Literal["simulation", "flower", "ray"] = "simulation"
     # fp16: float32 arrays of >= 1024 entries travel as fp16 in both directions (half the bytes; the
     # receiver computes with the rounded values). Bytes are counted as sent.
     wire_dtype: Literal["fp32", "fp16"] = "fp32"
@@ -330,6 +330,25 @@ class FlowerConfig(Section):
     poll_interval: float = Field(0.1, gt=0)
 
 
+class RayConfig(Section):
+    """The Ray backend (``fed.backend: ray``): a pool of persistent actors that run the clients' tasks.
+
+    Client ``i`` is served by actor ``i % actors``; each actor loads the base models once and keeps its
+    clients' data and state. ``num_cpus`` and ``num_gpus`` are what Ray reserves per actor (fractions
+    of a GPU let several actors share one); the actor runs torch with ``int(num_cpus)`` threads.
+    """
+
+    # Persistent actors in the pool (more than there are clients: the extra ones are not started).
+    actors: int = Field(2, ge=1)
+    # CPUs Ray reserves for each actor; its torch thread count is int(num_cpus) (at least 1).
+    num_cpus: float = Field(1.0, gt=0)
+    # GPUs Ray reserves for each actor (0.5: two actors share a GPU); 0: the actors run on the CPU.
+    num_gpus: float = Field(0.0, ge=0)
+    # A running Ray cluster to join (`ray start --head` prints it, e.g. 10.0.0.5:6379; `auto`: the one
+    # on this machine); null: start a private local instance sized to the actors.
+    address: str | None = None
+
+
 class ExperimentConfig(Section):
     name: str = "experiment"
     seed: int = 0
@@ -348,6 +367,7 @@ class ExperimentConfig(Section):
     fed: FedConfig = FedConfig()
     eval: EvalConfig = EvalConfig()
     flower: FlowerConfig = FlowerConfig()
+    ray: RayConfig = RayConfig()
     dp: DPConfig = DPConfig()
     secagg: SecAggConfig = SecAggConfig()
 

@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 
 from fedtune.algorithms.base import Algorithm, RoundResult
-from fedtune.algorithms.registry import get_algorithm
+from fedtune.algorithms.registry import client_tasks, get_algorithm
 from fedtune.config import ExperimentConfig, dump_config, load_run_config
 from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts
@@ -98,6 +98,8 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
         "client_seconds": round(sum(traffic.client_seconds.values()), 4),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
+    if traffic.actor_peak_rss_mb:
+        row["actor_peak_rss_mb"] = {k: round(v, 1) for k, v in sorted(traffic.actor_peak_rss_mb.items())}
     if torch.cuda.is_available():
         row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     row.update({k: round(v, 2) for k, v in result.extra.items()})
@@ -148,6 +150,8 @@ class Runner:
         self.history: list[dict[str, Any]] = []
         self.untrained_categories: list[str] = []
         self.trackers: Trackers | None = None
+        self.backend: Any = None
+        """The federation ``_build`` made, before any wrapping (what ``run`` closes at the end)."""
 
     def _build(
         self, progress: RunProgress, resume: bool = False
@@ -169,11 +173,13 @@ class Runner:
         self.untrained_categories = sorted({r.category for r in data.eval_records} - trained)
         resources = Resources(self.cfg)
         algorithm = get_algorithm(self.cfg.algorithm)(self.cfg)
-        fed = (
-            self.federation(self.cfg, algorithm.all_client_tasks(), data, resources)
-            if self.federation is not None
-            else self._in_process(algorithm, data, resources, progress)
-        )
+        if self.federation is not None:
+            fed = self.federation(self.cfg, algorithm.all_client_tasks(), data, resources)
+        elif self.cfg.fed.backend == "ray":
+            fed = self._ray(algorithm, data)
+        else:
+            fed = self._in_process(algorithm, data, resources, progress)
+        self.backend = fed
         if algorithm.secure is not None:  # the update task's arrays stay on the clients, summed masked
             fed = SecureFederation(fed, algorithm.secure)
         server = ServerContext(
@@ -214,6 +220,28 @@ class Runner:
             public=data.public_records,
         )
         return fed
+
+    def _ray(self, algorithm: Algorithm, data: RunData) -> ServerFederation:
+        """The clients on Ray actors (``fed.backend: ray``); the hooks travel to the actors pickled."""
+        from fedtune.fl.ray_backend import RayFederation
+
+        return RayFederation(
+            self.cfg,
+            algorithm.all_client_tasks(),
+            data.clients,
+            self.run_dir,
+            client_tasks,
+            before_task=self.before_task,
+            after_task=self.after_task,
+            tap=self.tap,
+        )
+
+    def _close_backend(self) -> None:
+        """Give back what the backend holds (Ray's actors and their CPUs/GPUs), the run over or not."""
+        close = getattr(self.backend, "close", None)
+        self.backend = None
+        if callable(close):
+            close()
 
     def _checkpoint(self, rnd: int, algorithm: Algorithm, fed: ServerFederation) -> None:
         tree = {
@@ -276,6 +304,10 @@ class Runner:
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         # Before anything is written: a tracker in report_to that is not installed stops the run here.
         trackers = Trackers(self.cfg, self.run_dir)
+        if self.cfg.fed.backend == "ray" and self.federation is None:
+            from fedtune.fl.ray_backend import import_ray
+
+            import_ray()  # a missing extra stops the run here, naming it
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with run_dir_lock(self.run_dir):
             return self._run(resume, trackers)
@@ -287,6 +319,8 @@ class Runner:
         except BaseException:
             trackers.finish(failed=True)
             raise
+        finally:
+            self._close_backend()
         self.print_summary()
         return self.history
 

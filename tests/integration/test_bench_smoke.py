@@ -276,3 +276,20 @@ def test_secagg_smoke_measures_both_sides(tmp_path: Path) -> None:
     # value), and the keys, shares and unmasking on top.
     assert secure["bytes_up_per_client"] > plain["bytes_up_per_client"] > 3 * 4 * 1000 / 4
     assert _positive(result["secure_vs_plain"]["wall_s"])
+
+
+def test_p16_smoke_runs_in_process_and_on_ray(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    try:
+        _load("ray_overhead").main(["--smoke", "--results-dir", str(tmp_path)])
+    finally:
+        ray.shutdown()
+    record = json.loads((tmp_path / "p16.smoke.json").read_text())
+    assert (tmp_path / "p16.smoke.md").read_text().startswith("P16")
+    assert record["smoke"] is True and record["timed_rounds"] == [2]
+    assert all(_positive(record["summary"]["round_seconds"][side]) for side in ("in_process", "ray"))
+    # Reported, not required: the sides train on 2 threads and on 1, whose float sums may differ in
+    # the last digits (test_ray.py compares the backends at equal threads).
+    assert isinstance(record["same_metrics"], bool)
+    on_ray = next(run for run in record["runs"] if run["side"] == "ray")
+    assert set(on_ray["actor_peak_rss_mb"]) == {"actor0", "actor1"}

@@ -183,3 +183,16 @@ def test_an_algorithm_registered_at_run_time_brings_its_section(tmp_path: Path) 
 
     cfg = validate_config({"algorithm": "fedlookahead", "fedlookahead": {"steps": 3}})
     assert cfg.section().steps == 3 and cfg.section().momentum == 0.9
+
+
+def test_the_ray_section_validates_each_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "fed:\n  backend: ray\n")
+    cfg = load_config(path, ["ray.actors=4", "ray.num_gpus=0.5", "ray.address=10.0.0.5:6379"])
+    assert (cfg.fed.backend, cfg.ray.actors, cfg.ray.num_cpus) == ("ray", 4, 1.0)
+    assert (cfg.ray.num_gpus, cfg.ray.address) == (0.5, "10.0.0.5:6379")
+    assert validate_config({}).ray.address is None
+    with pytest.raises(ConfigError, match=r"unknown config key 'ray.actor' \(did you mean 'ray.actors'"):
+        load_config(path, ["ray.actor=2"])
+    for bad in ("ray.actors=0", "ray.num_cpus=0", "ray.num_gpus=-1"):
+        with pytest.raises(ConfigError, match=rf"config key '{bad.split('=')[0]}'"):
+            load_config(path, [bad])

@@ -7,11 +7,22 @@ from typing import TYPE_CHECKING
 from fedtune.plugins import algorithm_class, algorithm_names, register
 
 if TYPE_CHECKING:
-    from fedtune.algorithms.base import Algorithm
+    from collections.abc import Mapping
 
-__all__ = ["algorithm_names", "get_algorithm", "register"]
+    from fedtune.algorithms.base import Algorithm
+    from fedtune.config import ExperimentConfig
+    from fedtune.fl.federation import ClientTask
+
+__all__ = ["algorithm_names", "client_tasks", "get_algorithm", "register"]
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
     cls: type[Algorithm] = algorithm_class(name)
     return cls
+
+
+def client_tasks(cfg: ExperimentConfig) -> Mapping[str, ClientTask]:
+    """The client tasks of ``cfg``'s algorithm, built from the config alone: what a process that serves
+    clients (a Ray actor) is handed, by reference, to rebuild them without importing the algorithms
+    from the federation layer."""
+    return get_algorithm(cfg.algorithm)(cfg).all_client_tasks()

@@ -101,6 +101,8 @@ class Traffic:
     failed: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     client_seconds: dict[str, float] = field(default_factory=dict)
+    actor_peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    """Backends whose clients run in worker processes (Ray): each worker's peak resident memory."""
 
     def add(self, kind: str, client: str, amount: float) -> None:
         book: dict[str, Any] = getattr(self, kind)

@@ -6,40 +6,36 @@ own ``state`` dict and is swapped into the shared model by the task itself.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedtune.data.records import Record
-from fedtune.fl.federation import (
-    ClientContext,
-    ClientTask,
-    Traffic,
-    answer,
-    durable_state,
-    forget_secrets,
-    per_client_payload,
-    seeded_sample,
+from fedtune.fl.federation import ClientContext, ClientTask, Traffic, durable_state, forget_secrets
+from fedtune.fl.payload import Payload
+from fedtune.fl.replies import (
+    ClientHook,
+    Outcome,
+    ReplyHook,
+    RoundKeeper,
+    TapHook,
+    accept,
+    outbound,
+    run_task,
+    settle,
+    unknown_task,
 )
-from fedtune.fl.payload import Payload, PayloadError, check_payload, from_wire, payload_nbytes, to_wire
-from fedtune.fl.validation import Expect, ReplyRejected, addressed, check_answers, check_reply, drop_outliers
+from fedtune.fl.validation import Expect, drop_outliers
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
     from fedtune.fl.federation import StepReporter
     from fedtune.resources import Resources
 
-log = logging.getLogger("fedtune.fl")
-
-ClientHook = Callable[[str, str, int], None]
-ReplyHook = Callable[[str, str, int, Payload], Payload]
-TapHook = Callable[[str, str, str, int, Payload], None]
-"""``(direction "down" | "up", client, task, round, payload)``: sees every message on the wire."""
+__all__ = ["ClientHook", "InProcessFederation", "ReplyHook", "TapHook"]
 
 
-class InProcessFederation:
+class InProcessFederation(RoundKeeper):
     """The simulation backend of the Federation contract."""
 
     def __init__(
@@ -74,15 +70,8 @@ class InProcessFederation:
         self.after_task = after_task
         self.tap = tap
 
-    def client_ids(self) -> list[str]:
-        return list(self.client_data)
-
-    def sample(self, k: int, rnd: int) -> list[str]:
-        return seeded_sample(self.client_ids(), k, self.cfg.seed, rnd)
-
     def begin_round(self, rnd: int) -> None:
-        self.rnd = rnd
-        self.traffic = Traffic()
+        super().begin_round(rnd)
         # A client that dropped mid-protocol never got to clear its round secrets; they are of no use to
         # a later round, and the server process must not keep them.
         for state in self.states.values():
@@ -114,53 +103,26 @@ class InProcessFederation:
         expect: Expect | None = None,
     ) -> dict[str, Payload]:
         if task not in self.tasks:
-            raise KeyError(f"unknown client task {task!r}; registered: {sorted(self.tasks)}")
+            raise unknown_task(task, self.tasks)
         replies: dict[str, Payload] = {}
-        wire_dtype = self.cfg.fed.wire_dtype
         for client in clients:
-            message, tag = addressed(
-                to_wire(per_client_payload(payload, client, clients), wire_dtype), task, self.rnd
+            message, tag = outbound(
+                self.traffic, payload, client, clients, self.cfg.fed.wire_dtype, task, self.rnd
             )
-            self.traffic.add("down", client, payload_nbytes(message))
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
-            reply = self._run_one(client, task, from_wire(message), timeout)
+            outcome = self._run_one(client, task, message)
+            reply = settle(self.traffic, client, task, outcome, timeout, self.rnd)
             if reply is None:
                 continue
-            self.traffic.add("up", client, payload_nbytes(reply))
             if self.tap is not None:
                 self.tap("up", client, task, self.rnd, reply)
-            try:
-                replies[client] = check_reply(check_answers(from_wire(reply), tag, self.rnd), expect, client)
-            except ReplyRejected as exc:
-                self.traffic.rejected[client] = str(exc)
-                log.warning("round %d: rejected the reply of client %s: %s", self.rnd, client, exc)
+            accept(self.traffic, replies, client, reply, expect, self.rnd, tag)
         return drop_outliers(replies, expect, self.cfg.fed.screen, self.traffic.rejected, self.rnd)
 
-    def _run_one(self, client: str, task: str, message: Payload, timeout: float | None) -> Payload | None:
-        start = time.perf_counter()
-        try:
-            if self.before_task is not None:
-                self.before_task(client, task, self.rnd)
-            reply = answer(self.tasks[task], self._context(client), message)
-            if self.after_task is not None:
-                reply = self.after_task(client, task, self.rnd, reply)
-            reply = to_wire(check_payload(reply, f"client {client}"), self.cfg.fed.wire_dtype)
-        except PayloadError as exc:
-            self.traffic.rejected[client] = str(exc)
-            log.warning("round %d: client %s sent a malformed reply: %s", self.rnd, client, exc)
-            return None
-        except Exception as exc:
-            self.traffic.failed[client] = f"{type(exc).__name__}: {exc}"
-            log.warning("round %d: client %s failed in task %s: %s", self.rnd, client, task, exc)
-            return None
-        finally:
-            self.traffic.add("client_seconds", client, time.perf_counter() - start)
-        elapsed = time.perf_counter() - start
-        if timeout is not None and elapsed > timeout:
-            self.traffic.failed[client] = f"late: {elapsed:.1f}s > timeout {timeout:.1f}s"
-            return None
-        return reply
+    def _run_one(self, client: str, task: str, message: Payload) -> Outcome:
+        ctx = self._context(client)
+        return run_task(self.tasks[task], ctx, task, message, self.before_task, self.after_task)
 
     def state_dict(self) -> dict[str, Any]:
         return {"clients": {cid: durable_state(state) for cid, state in self.states.items()}}
