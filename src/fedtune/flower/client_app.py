@@ -106,6 +106,9 @@ def _run_here(
 ) -> dict[str, Any]:
     from fedtune.fl.checkpoint import decode_tree, encode_tree
     from fedtune.flower.node import execute, node_runtime
+    from fedtune.flower.worker import lower_priority
+
+    lower_priority()  # this ClientApp process trains: the SuperNode beside it must keep its heartbeat
 
     try:
         runtime = node_runtime(config_yaml, node_config)

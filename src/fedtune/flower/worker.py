@@ -186,12 +186,34 @@ def serve(address: str) -> None:
                     log.warning("client worker: a relay connection broke: %s", exc)
 
 
+TASK_NICENESS = 10
+"""How much lower than its SuperNode's the priority of the process that trains is. A client training on
+every core starved its SuperNode's heartbeat thread on a loaded machine, and the SuperLink dropped the
+node ("failed to report a heartbeat within 2 x its expected interval"); Flower 1.41 fixes the interval
+at 30 s, so the node itself must stay schedulable."""
+_lowered = False
+
+
+def lower_priority() -> None:
+    """Run this process's tasks below the SuperNode's priority (once per process; no-op where the
+    platform has no ``nice``)."""
+    global _lowered
+    if _lowered or not hasattr(os, "nice"):
+        return
+    try:
+        os.nice(TASK_NICENESS)
+    except OSError as exc:
+        log.warning("could not lower the task process's priority: %s", exc)
+    _lowered = True
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fedtune's warm client worker for one SuperNode")
     parser.add_argument("--socket", required=True, help="Unix socket path (the node config's 'worker')")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lower_priority()
     serve(args.socket)
 
 
