@@ -145,6 +145,15 @@ class FedConfig(Section):
     # receiver computes with the rounded values). Bytes are counted as sent.
     wire_dtype: Literal["fp32", "fp16"] = "fp32"
 
+    @model_validator(mode="after")
+    def _trim_used(self) -> FedConfig:
+        if self.trim != type(self).model_fields["trim"].default and self.aggregator != "trimmed_mean":
+            raise ValueError(
+                f"fed.trim {self.trim:g} is set but fed.aggregator is {self.aggregator!r}: only trimmed_mean "
+                "trims, so it would be ignored. Set fed.aggregator: trimmed_mean, or remove fed.trim"
+            )
+        return self
+
 
 class DPConfig(Section):
     """Client-level differential privacy, central: the server clips each client's update, adds Gaussian

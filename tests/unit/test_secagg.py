@@ -263,3 +263,11 @@ def test_privacy_settings_of_a_section_left_off_are_refused_not_ignored(
     if enabled == ["dp.enabled=true"] and "dp.clip_norm=0.5" not in overrides:
         overrides = (*overrides, "dp.clip_norm=0.5", "dp.noise_multiplier=1.0")
     validate_config(apply_overrides({}, [*enabled, *overrides]))  # on, they are taken
+
+
+def test_a_trim_without_the_trimmed_mean_is_refused_not_ignored() -> None:
+    with pytest.raises(ConfigError, match=r"fed\.trim 0\.3 is set but fed\.aggregator is 'mean'"):
+        validate_config(apply_overrides({}, ["fed.trim=0.3"]))
+    assert (
+        validate_config(apply_overrides({}, ["fed.aggregator=trimmed_mean", "fed.trim=0.3"])).fed.trim == 0.3
+    )
