@@ -15,7 +15,7 @@ from fedtune.algorithms.perfit import (
     symmetric_init,
     top_entries,
 )
-from fedtune.algorithms.perfit.maths import update_global
+from fedtune.algorithms.perfit.maths import thinly_held_share, update_global
 
 
 def test_expanded_rank_as_in_the_paper() -> None:
@@ -83,3 +83,11 @@ def test_the_global_module_takes_the_weighted_mean_where_held_and_keeps_the_rest
     np.testing.assert_allclose(updated["m"], [1.0, (2.0 + 3 * 6.0) / 4, 3.0, 40.0])
     assert updated["m"].dtype == np.float32
     np.testing.assert_array_equal(module["m"], [10.0, 20.0, 30.0, 40.0])  # the input is left as it was
+
+
+def test_the_share_of_entries_a_median_cannot_protect() -> None:
+    # Four entries: held by 4, 3, 2 and 1 of four clients; one entry nobody holds.
+    masks = [{"w": np.array([1, 1, 1, 1, 0], dtype=bool)}, {"w": np.array([1, 1, 1, 0, 0], dtype=bool)}]
+    masks += [{"w": np.array([1, 1, 0, 0, 0], dtype=bool)}, {"w": np.array([1, 0, 0, 0, 0], dtype=bool)}]
+    assert thinly_held_share(masks) == 0.5  # the entries held by 2 and by 1, of the 4 held
+    assert thinly_held_share(masks[:1]) == 1.0 and thinly_held_share([]) == 0.0

@@ -178,3 +178,18 @@ def update_global(
         key: np.where(held[key] > 0, mean[key], value).astype(value.dtype)
         for key, value in global_module.items()
     }
+
+
+def thinly_held_share(masks: Sequence[Mapping[str, np.ndarray]], protects_from: int = 3) -> float:
+    """The share of the entries some client holds that fewer than ``protects_from`` clients hold.
+
+    masks: the round's K boolean masks, one array per adapter key. A per-entry median over one or two
+    holders cannot outvote a lying holder (``fed.aggregator: median`` protects an entry only when at
+    least three clients hold it), so this is the share of the aggregate a single liar can still move.
+    """
+    held = total = 0
+    for key in masks[0] if masks else {}:
+        count = sum(np.asarray(mask[key], dtype=np.int64) for mask in masks)
+        held += int(np.count_nonzero(count))
+        total += int(np.count_nonzero((count > 0) & (count < protects_from)))
+    return total / held if held else 0.0

@@ -30,6 +30,7 @@ from fedtune.algorithms.perfit.maths import (
     kept_count,
     masked_aggregate,
     symmetric_init,
+    thinly_held_share,
     update_global,
 )
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
@@ -114,7 +115,10 @@ class PerFIT(Algorithm[PerFITConfig]):
         elif self.section.aggregate:
             self._send_masked_mean(trained, {c: replies[c] for c in trained}, masks, weights, fed)
         kept = sum(int(m.sum()) for c in trained for m in masks[c].values()) / max(1, len(trained))
-        return fit_round_result(sampled, {c: replies[c] for c in trained}, weights, {"kept_entries": kept})
+        extra = {"kept_entries": kept}
+        if self.cfg.fed.aggregator == "median":  # the row says how much of the median one liar can move
+            extra["median_unprotected"] = thinly_held_share([masks[c] for c in trained])
+        return fit_round_result(sampled, {c: replies[c] for c in trained}, weights, extra)
 
     def _send_masked_mean(
         self,
