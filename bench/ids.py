@@ -91,6 +91,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the round time of a FedIT job on Ray actors (2 actors x 1 thread)",
         "the same job in-process with 2 threads",
     ),
+    "p4-ray": Benchmark(
+        "ray_memory",
+        "p4-ray",
+        "each Ray actor's peak RSS with 1,000 standalone clients a round, each keeping its own adapter",
+        "the same actor with 2 clients (model loaded, run built)",
+        "per actor: peak RSS <= that baseline + the adapters it holds + 1 GB",
+    ),
     "p10": Benchmark(
         "perfit_step",
         "p10",

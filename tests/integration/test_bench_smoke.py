@@ -293,3 +293,17 @@ def test_p16_smoke_runs_in_process_and_on_ray(tmp_path: Path) -> None:
     assert isinstance(record["same_metrics"], bool)
     on_ray = next(run for run in record["runs"] if run["side"] == "ray")
     assert set(on_ray["actor_peak_rss_mb"]) == {"actor0", "actor1"}
+
+
+@pytest.mark.slow  # two Ray runs, each starting two actors: a minute on an idle machine
+def test_p4_on_ray_smoke_measures_each_actor(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    try:
+        _load("ray_memory").main(["--smoke", "--results-dir", str(tmp_path)])
+    finally:
+        ray.shutdown()
+    record = json.loads((tmp_path / "p4-ray.smoke.json").read_text())
+    assert (tmp_path / "p4-ray.smoke.md").read_text().startswith("P4 on Ray")
+    assert set(record["peak_mb"]) == set(record["baseline_peak_mb"]) == {"actor0", "actor1"}
+    # 20 clients over 2 actors: each holds 10 adapters, and the checkpoint says how large they are
+    assert all(_positive(mb) for mb in record["held_adapter_mb"].values())
