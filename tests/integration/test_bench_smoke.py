@@ -293,3 +293,21 @@ def test_p16_smoke_runs_in_process_and_on_ray(tmp_path: Path) -> None:
     assert isinstance(record["same_metrics"], bool)
     on_ray = next(run for run in record["runs"] if run["side"] == "ray")
     assert set(on_ray["actor_peak_rss_mb"]) == {"actor0", "actor1"}
+
+
+def test_p9_smoke_counts_the_flops_of_a_lora_step(tmp_path: Path) -> None:
+    lora_mfu = _load("lora_mfu")
+    record = lora_mfu.main(["--smoke", "--threads", "1", "--results-dir", str(tmp_path)])
+    assert (tmp_path / "p9.smoke.md").read_text().startswith("P9")
+    saved = json.loads((tmp_path / "p9.smoke.json").read_text())
+    assert saved["smoke"] is True and saved["device"] == "cpu" and saved["mfu"]["model"] is None
+    flops = record["flops_per_token"]
+    # The frozen base skips its weight gradients: the executed count is below the model count.
+    assert flops["executed"] < flops["model"] and _positive(record["tokens_per_s"])
+    assert len(record["seconds_per_step"]) == 2
+    # The ~1B model of the real run, by formula; the card table matches names as whole words.
+    assert lora_mfu.param_counts(lora_mfu.FULL)["total"] == 953_223_168
+    assert lora_mfu.peak_tflops("NVIDIA H200", None) == 989.0
+    assert lora_mfu.peak_tflops("NVIDIA L40S", None) is None
+    assert lora_mfu.peak_tflops("NVIDIA L4", None) == 121.0
+    assert lora_mfu.peak_tflops("cpu", 1.5) == 1.5
