@@ -1,9 +1,16 @@
-"""scripts/gpu_check.sh: its dry run lists every step on any machine, GPU or not."""
+"""scripts/gpu_check.sh and the gpu marker on a machine without a GPU: the dry run lists every step,
+the real run refuses and says why, and the gpu tests collect and skip with their reason."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 from fedtune.algorithms.registry import algorithm_names
 
@@ -33,3 +40,28 @@ def test_an_unknown_argument_is_refused() -> None:
         ["bash", "scripts/gpu_check.sh", "--dry"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine would run the whole check")
+def test_without_a_gpu_it_refuses_and_says_why(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "no NVIDIA GPU here" in done.stderr and "--dry-run" in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the gpu tests run instead of skipping")
+def test_the_gpu_tests_collect_and_skip_with_the_reason() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-rs", "-m", "gpu", "tests/gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "needs a CUDA device" in done.stdout and " passed" not in done.stdout
+    assert "skipped" in done.stdout.splitlines()[-1]
