@@ -85,6 +85,14 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the same job in-process",
         "Flower <= 1.25x in-process per round; the same metrics",
     ),
+    "p9": Benchmark(
+        "lora_mfu",
+        "p9",
+        "the model FLOPs utilisation of a LoRA step on a random-init ~1B Llama in bf16 on CUDA "
+        "(6N + 12Lds FLOPs per token; the executed 4N + 6N_lora + 12Lds reported too)",
+        "the card's peak dense bf16 FLOP/s (a table of known cards, or --peak-tflops)",
+        ">= 40% MFU",
+    ),
     "p16": Benchmark(
         "ray_overhead",
         "p16",

@@ -307,3 +307,21 @@ def test_p4_on_ray_smoke_measures_each_actor(tmp_path: Path) -> None:
     assert set(record["peak_mb"]) == set(record["baseline_peak_mb"]) == {"actor0", "actor1"}
     # 20 clients over 2 actors: each holds 10 adapters, and the checkpoint says how large they are
     assert all(_positive(mb) for mb in record["held_adapter_mb"].values())
+
+
+def test_p9_smoke_counts_the_flops_of_a_lora_step(tmp_path: Path) -> None:
+    lora_mfu = _load("lora_mfu")
+    record = lora_mfu.main(["--smoke", "--threads", "1", "--results-dir", str(tmp_path)])
+    assert (tmp_path / "p9.smoke.md").read_text().startswith("P9")
+    saved = json.loads((tmp_path / "p9.smoke.json").read_text())
+    assert saved["smoke"] is True and saved["device"] == "cpu" and saved["mfu"]["model"] is None
+    flops = record["flops_per_token"]
+    # The frozen base skips its weight gradients: the executed count is below the model count.
+    assert flops["executed"] < flops["model"] and _positive(record["tokens_per_s"])
+    assert len(record["seconds_per_step"]) == 2
+    # The ~1B model of the real run, by formula; the card table matches names as whole words.
+    assert lora_mfu.param_counts(lora_mfu.FULL)["total"] == 953_223_168
+    assert lora_mfu.peak_tflops("NVIDIA H200", None) == 989.0
+    assert lora_mfu.peak_tflops("NVIDIA L40S", None) is None
+    assert lora_mfu.peak_tflops("NVIDIA L4", None) == 121.0
+    assert lora_mfu.peak_tflops("cpu", 1.5) == 1.5
