@@ -278,7 +278,7 @@ def test_secagg_smoke_measures_both_sides(tmp_path: Path) -> None:
     assert _positive(result["secure_vs_plain"]["wall_s"])
 
 
-@pytest.mark.slow  # a Ray instance and two actors: 140 s in CI; tests/integration/test_ray.py covers the backend
+@pytest.mark.slow  # a Ray instance and two actors: 140 s in CI; test_ray.py covers the backend itself
 def test_p16_smoke_runs_in_process_and_on_ray(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     try:
