@@ -260,16 +260,7 @@ def metric_range(name: str) -> tuple[float, float]:
     base = name.rpartition("/")[2]
     if base.startswith("perplexity"):
         return 1.0, MAX_PERPLEXITY
-    if base in (
-        "rougeL",
-        "dist3",
-        "dist4",
-        "exact_match",
-        "numeric_accuracy",
-        "pass_at_1",
-        "acc",
-        "acc_norm",
-    ):
+    if base in RATES:
         return 0.0, 1.0
     return -math.inf, math.inf
 
