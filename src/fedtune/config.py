@@ -144,6 +144,12 @@ class FedConfig(Section):
     # fp16: float32 arrays of >= 1024 entries travel as fp16 in both directions (half the bytes; the
     # receiver computes with the rounded values). Bytes are counted as sent.
     wire_dtype: Literal["fp32", "fp16"] = "fp32"
+    # A communication budget in MB (10^6 bytes), up plus down as metrics.jsonl counts them; null: none.
+    # The run stops cleanly (final artifacts written) before the round predicted to pass it: the next
+    # round is taken to cost the largest round after the first (the first while it is the only one).
+    # When round 1 alone passes it, the run stops after round 1. `fedtune resume` on a run it stopped
+    # runs no more rounds and says why again. FlowerTune's leaderboard caps runs at 200000.
+    budget_mb: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _trim_used(self) -> FedConfig:

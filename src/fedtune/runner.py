@@ -24,6 +24,7 @@ from fedtune.data.fingerprint import check_fingerprint, data_fingerprint
 from fedtune.data.partition import category_counts
 from fedtune.data.records import DataError
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
+from fedtune.fl.budget import budget_stop
 from fedtune.fl.checkpoint import (
     CheckpointDamaged,
     atomic_write_text,
@@ -358,14 +359,24 @@ class Runner:
             trackers.catch_up(self.history)
             progress.progress.update(progress.rounds_task, completed=last)
             for rnd in range(last + 1, rounds + 1):
-                stop = algorithm.privacy.stop_reason(rnd) if algorithm.privacy is not None else None
-                if stop is not None:  # dp.max_epsilon: end cleanly, the final artifacts are written
+                # dp.max_epsilon, fed.budget_mb: end cleanly, the final artifacts are written
+                stop = self._stop_reason(rnd, algorithm)
+                if stop is not None:
                     log.warning(stop)
                     self.console.print(f"[yellow]{stop}[/]")
                     break
                 self._one_round(rnd, algorithm, fed, server, progress)
         algorithm.save_final(server, self.run_dir / "artifacts")
         trackers.finish([self.run_dir / name for name in ("artifacts", "config.yaml", "metrics.jsonl")])
+
+    def _stop_reason(self, rnd: int, algorithm: Algorithm) -> str | None:
+        """Why the run ends before round ``rnd`` (a resumed run ends there again), or None."""
+        if algorithm.privacy is not None:
+            reason = algorithm.privacy.stop_reason(rnd)
+            if reason is not None:
+                return reason
+        over = budget_stop(self.history, self.cfg.fed.budget_mb)
+        return over.message() if over is not None else None
 
     def _one_round(
         self,
@@ -384,7 +395,12 @@ class Runner:
         if algorithm.secure is not None:
             row.update(algorithm.secure.row())
         client_seconds = row["client_seconds"]
-        if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.fed.rounds:
+        # The round the budget will stop after is the final one: evaluate it like the configured last.
+        final = (
+            rnd == self.cfg.fed.rounds
+            or budget_stop([*self.history, row], self.cfg.fed.budget_mb) is not None
+        )
+        if rnd % self.cfg.eval.every == 0 or final:
             row.update(self._evaluate(rnd, algorithm, fed, server, progress))
         elapsed = time.perf_counter() - start
         row["round_seconds"] = round(elapsed, 4)

@@ -273,3 +273,19 @@ def test_secure_aggregation_on_flower_equals_in_process(deployment: LocalDeploym
     trees = {n: load_checkpoint(latest_checkpoint(tmp_path / n)) for n in ("flower", "simulation")}  # type: ignore[arg-type]
     for key, value in trees["simulation"]["algorithm"]["global_adapter"].items():
         np.testing.assert_allclose(trees["flower"]["algorithm"]["global_adapter"][key], value, atol=1e-6)
+
+
+@pytest.mark.slow  # a Flower run costs about a minute; the budget stops the same Runner loop as in-process
+def test_budget_stops_a_flower_run_cleanly(deployment: LocalDeployment, tmp_path: Path) -> None:
+    # Prepare: two clients cost 2 x (4261 up + 4166 down) bytes a round; room for two and a half rounds.
+    round_mb = 2 * (4261 + 4166) / 1e6
+    settings = (*TWO_CLIENTS, "fed.rounds=4", f"fed.budget_mb={2.5 * round_mb}", "eval.before=false")
+
+    # Execute
+    actual = flower_run(deployment, tiny_config("fedit", *settings), tmp_path / "flower")
+
+    # Assert: rounds 1-2 ran, the last evaluated, the final adapter written
+    assert [row["round"] for row in actual] == [0, 1, 2]
+    assert (actual[1]["bytes_up"] + actual[1]["bytes_down"]) / 1e6 == pytest.approx(round_mb)
+    assert "eval" in actual[2]
+    assert (tmp_path / "flower" / "artifacts" / "adapter" / "adapter_model.safetensors").is_file()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedtune.fl.budget import budget_stop, used_mb
 from fedtune.report.io import (
     MetricsRow,
     config_value,
@@ -109,8 +110,25 @@ def _summary_section(run: Run) -> str:
             markdown_table(["Setting", "Value"], config_rows),
             eval_summary_table(run),
             markdown_table(["Quantity", "Value"], resource_rows(run.trained_rows)),
+            budget_line(run),
         ]
     )
+
+
+def budget_line(run: Run) -> str:
+    """With ``fed.budget_mb``: the traffic spent against it, and the round it stopped the run before."""
+    budget = config_value(run.config, "fed.budget_mb")
+    if not isinstance(budget, int | float):
+        return ""
+    line = f"Communication budget: {used_mb(run.rows):.4g} of {budget:g} MB (fed.budget_mb, MB = 10^6 bytes)"
+    stop = budget_stop(run.rows, float(budget))
+    configured = config_value(run.config, "fed.rounds")
+    if stop is not None and isinstance(configured, int) and stop.next_round <= configured:
+        line += (
+            f"; stopped before round {stop.next_round} of {configured}, which would have needed about "
+            f"{stop.next:.4g} MB more"
+        )
+    return line + ".\n"
 
 
 def privacy_section(run: Run) -> str:
