@@ -57,11 +57,12 @@ NOTES: dict[str, str] = {
     "lora.alpha": "LoRA scaling numerator (the update is scaled by alpha / r).",
     "lora.dropout": "LoRA dropout.",
     "lora.target_modules": "The adapted projections; `auto`: q and v projections.",
-    "data.dataset": "A built-in name (`fedtune data list`) or a file: jsonl, json, csv, parquet or a "
-    "Hugging Face dataset directory.",
+    "data.dataset": "A built-in name (`fedtune data list`), a file: jsonl, json, csv, parquet or a "
+    "Hugging Face dataset directory, or a Hugging Face Hub dataset id (`owner/name`, when no such file "
+    "exists; its `train` split).",
     "data.schema": "The record layout of a file: Alpaca (`instruction/input/output`) or Dolly "
     "(`instruction/context/response/category`).",
-    "data.format": "The file format (`auto`: from the file name).",
+    "data.format": "The file format (`auto`: from the file name; `hf` for a hub id).",
     "data.max_length": "Tokens per example; longer examples are cut.",
     "data.max_train_examples": "Use at most this many training records (a seeded sample).",
     "data.eval_split": "The split the run evaluates on.",

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from fedtune.data.builtin import list_builtin
+from fedtune.data.records import ROW_FIELDS
 from fedtune.plugins import algorithm_class, algorithm_names
 
 
@@ -96,7 +97,29 @@ class DataConfig(Section):
     # With eval.personal: the fraction of each client's partition held out (seeded per client) for
     # the client-side evaluation; the rest is what the client trains on.
     holdout: float = Field(0.2, ge=0, lt=1)
+    # Renames data.dataset's columns before the schema applies: `{question: instruction, answer: output}`.
+    # A column renamed onto a name the file already has replaces that column (FlowerTune's medical set:
+    # `{input: instruction}` makes the question the instruction, its fixed instruction dropped). The
+    # same for the hub dataset and a local copy of it; data.eval_dataset and eval.extra_datasets are
+    # read as they are.
+    columns: dict[str, str] = {}
     partition: PartitionConfig = PartitionConfig()
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_name_row_fields(cls, columns: dict[str, str]) -> dict[str, str]:
+        for source, target in columns.items():
+            if target not in ROW_FIELDS:
+                close = difflib.get_close_matches(target, ROW_FIELDS, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(
+                    f"column '{source}' -> '{target}': not a row field{hint}; valid: {', '.join(ROW_FIELDS)}"
+                )
+        targets = list(columns.values())
+        repeated = sorted({target for target in targets if targets.count(target) > 1})
+        if repeated:
+            raise ValueError(f"two columns renamed to '{repeated[0]}'")
+        return columns
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 

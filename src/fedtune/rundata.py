@@ -29,7 +29,9 @@ class RunData:
 def _load(spec: str, split: str, cfg: ExperimentConfig) -> list[Record]:
     from fedtune.data.loaders import load_dataset_records
 
-    return load_dataset_records(spec, split, format=cfg.data.format, schema=cfg.data.schema_)
+    # data.columns describes data.dataset's columns, not those of the other test sets
+    columns = cfg.data.columns if spec == cfg.data.dataset else None
+    return load_dataset_records(spec, split, format=cfg.data.format, schema=cfg.data.schema_, columns=columns)
 
 
 def _subsample(records: list[Record], limit: int | None, seed: int) -> list[Record]:

