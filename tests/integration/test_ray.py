@@ -185,3 +185,14 @@ def test_an_actor_that_cannot_build_the_run_is_reported_by_its_own_exception() -
     assert last_line(relayed) == "ValueError: data.dataset 'x.jsonl': no such file"
     assert first_line(relayed).startswith("The actor died because of an error raised in its creation task")
     assert "\x1b" not in first_line(relayed)
+
+
+def test_budget_stops_a_ray_run_cleanly(ray_instance: Any, tmp_path: Path) -> None:
+    # fedit-tiny's 4 clients cost 33708 bytes a round (tests/golden/metrics.json); room for 2.5 rounds.
+    budget = 2.5 * 33708 / 1e6
+    history = quiet_runner(
+        tiny_config("fedit", *RAY, "fed.rounds=4", f"fed.budget_mb={budget}"), tmp_path
+    ).run()
+    assert [row["round"] for row in history] == [0, 1, 2]
+    assert "eval" in history[2]
+    assert (tmp_path / "artifacts" / "adapter" / "adapter_model.safetensors").is_file()
