@@ -52,7 +52,7 @@ def test_the_stop_comes_before_the_round_predicted_to_pass_the_budget() -> None:
     assert after_two is None
     assert after_three is not None
     assert after_three.next_round == 4
-    assert after_three.used == pytest.approx(9) and after_three.next == pytest.approx(3)
+    assert after_three.used == pytest.approx(9) and after_three.predicted == pytest.approx(3)
     message = after_three.message()
     assert "budget" in message and "fed.budget_mb is 10 MB" in message
     assert "9 MB used in rounds 1-3" in message and "about 3 MB more" in message

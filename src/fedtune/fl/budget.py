@@ -43,11 +43,11 @@ def next_round_mb(rows: Sequence[Mapping[str, Any]]) -> float | None:
 
 @dataclass(frozen=True)
 class BudgetStop:
-    """Why the run stops before ``next_round``: ``used`` MB spent, the next round predicted at ``next``."""
+    """Why the run stops before ``next_round``: ``used`` MB spent, ``predicted`` MB for the next round."""
 
     budget: float
     used: float
-    next: float
+    predicted: float
     next_round: int
 
     def message(self) -> str:
@@ -55,7 +55,7 @@ class BudgetStop:
         alone = "; that alone passes the budget" if self.used > self.budget else ""
         return (
             f"communication budget reached: fed.budget_mb is {self.budget:g} MB, {self.used:.4g} MB used in "
-            f"{rounds}{alone}, and round {self.next_round} would need about {self.next:.4g} MB more: "
+            f"{rounds}{alone}, and round {self.next_round} would need about {self.predicted:.4g} MB more: "
             f"stopping before round {self.next_round}"
         )
 
@@ -73,4 +73,4 @@ def budget_stop(rows: Sequence[Mapping[str, Any]], budget: float | None) -> Budg
     if used + predicted <= budget:
         return None
     last = max(int(row["round"]) for row in trained_rows(rows))
-    return BudgetStop(budget=budget, used=used, next=predicted, next_round=last + 1)
+    return BudgetStop(budget=budget, used=used, predicted=predicted, next_round=last + 1)

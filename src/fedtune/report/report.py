@@ -126,7 +126,7 @@ def budget_line(run: Run) -> str:
     if stop is not None and isinstance(configured, int) and stop.next_round <= configured:
         line += (
             f"; stopped before round {stop.next_round} of {configured}, which would have needed about "
-            f"{stop.next:.4g} MB more"
+            f"{stop.predicted:.4g} MB more"
         )
     return line + ".\n"
 
