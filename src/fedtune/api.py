@@ -5,7 +5,11 @@
     history = fedtune.run("configs/test/fedit-tiny.yaml", output_dir="runs/try", fed={"rounds": 2})
     fedtune.resume("runs/try")                      # after an interruption: the same metrics
     final = fedtune.load("runs/try")                # e.g. base model + final adapter
-    final.generate(["Define 'harbor'."], max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0)
+    prompt = build_prompt(Record("Define 'harbor'.", output=""), final.cfg.data.template, final.tokenizer)
+    final.generate([prompt], max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0)  # templated prompts
+
+(``Record`` from ``fedtune.data.records``, ``build_prompt`` from ``fedtune.data.templates``;
+``fedtune.artifacts.generate_from_run`` templates the prompts itself.)
 
 Overrides are the config's keys: ``seed=1``, ``fed={"rounds": 2}`` or, as on the command line,
 ``**{"fed.rounds": 2}``. The modules behind these functions load on first use, so ``import fedtune``

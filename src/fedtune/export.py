@@ -8,7 +8,8 @@
 
 What the final model is, and so what can be exported, is the run's method's to say
 (``Algorithm.export_formats`` and ``Algorithm.export_final``); ``fedtune-export.json`` beside the files
-records what was written and from which run.
+records what was written and from which run, and ``README.md`` is the model card written from the run
+(`fedtune.modelcard`). Files are written with the umask's mode (``fedtune.files.honour_umask``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from fedtune.algorithms.exporting import Exported, ExportError
 from fedtune.algorithms.final import FinalRun, check_options, check_variant, intact_artifacts
 from fedtune.algorithms.registry import get_algorithm
 from fedtune.artifacts import run_config
+from fedtune.files import honour_umask
+from fedtune.modelcard import write_model_card
 
 FORMATS = ("peft", "merged", "gguf")
 CONVERTER_ENV = "FEDTUNE_GGUF_CONVERTER"
@@ -115,6 +118,8 @@ def export_run(
         "what": exported.what,
     }
     (output / INFO_FILE).write_text(json.dumps(info, indent=1))
+    write_model_card(output, run_dir, cfg, fmt)
+    honour_umask(output)
     return ExportResult(output, fmt, exported.what)
 
 

@@ -6,6 +6,7 @@ sets from the config as the server does (test sets are not private), so both cal
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
@@ -13,6 +14,10 @@ from fedtune.config import ExperimentConfig
 from fedtune.data.fingerprint import absolute_data_path
 from fedtune.data.partition import holdout_split, partition_records
 from fedtune.data.records import DataError, Record
+
+log = logging.getLogger("fedtune.data")
+FEW_TEST_RECORDS = 20
+"""A test set smaller than this gives metrics too noisy to compare runs by: the run warns."""
 
 
 @dataclass
@@ -42,6 +47,23 @@ def _subsample(records: list[Record], limit: int | None, seed: int) -> list[Reco
     return [records[i] for i in sorted(order[:limit])]
 
 
+def _warn_if_few(eval_records: list[Record], eval_dataset: str | None) -> None:
+    if len(eval_records) >= FEW_TEST_RECORDS:
+        return
+    source = (
+        f"data.eval_dataset {eval_dataset!r}"
+        if eval_dataset
+        else "the 10% of data.dataset held out for testing"
+    )
+    log.warning(
+        "the test set has only %d records (%s): its metrics will be noisy; give data.eval_dataset a "
+        "file of its own with %d or more rows, or add rows to the data",
+        len(eval_records),
+        source,
+        FEW_TEST_RECORDS,
+    )
+
+
 def prepare_data(cfg: ExperimentConfig) -> RunData:
     """Client partitions, the evaluation set and the public set, all deterministic in the seed."""
     from fedtune.data.builtin import list_builtin
@@ -57,6 +79,7 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
         held = set(random.Random(cfg.seed).sample(range(len(train)), max(1, len(train) // 10)))
         eval_records = [r for i, r in enumerate(train) if i in held]
         train = [r for i, r in enumerate(train) if i not in held]
+    _warn_if_few(eval_records, data.eval_dataset)
     eval_records = _subsample(eval_records, cfg.eval.max_examples, cfg.seed + 1)
     info = builtin.get(data.dataset)
     public = _load(data.dataset, "public", cfg) if info and "public" in info.splits else []

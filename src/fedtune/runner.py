@@ -37,6 +37,7 @@ from fedtune.fl.checkpoint import (
 from fedtune.fl.federation import ClientTask, ServerContext, ServerFederation
 from fedtune.fl.secagg import SecureFederation
 from fedtune.fl.simulation import ClientHook, InProcessFederation, ReplyHook, TapHook
+from fedtune.modelcard import finish_artifacts
 from fedtune.progress import RunProgress, round_summary, summary_table
 from fedtune.resources import Resources
 from fedtune.rundata import DATA_FINGERPRINT, RunData, data_specs, pin_data_paths, prepare_data
@@ -367,6 +368,7 @@ class Runner:
                     break
                 self._one_round(rnd, algorithm, fed, server, progress)
         algorithm.save_final(server, self.run_dir / "artifacts")
+        finish_artifacts(self.run_dir, self.cfg)
         trackers.finish([self.run_dir / name for name in ("artifacts", "config.yaml", "metrics.jsonl")])
 
     def _stop_reason(self, rnd: int, algorithm: Algorithm) -> str | None:

@@ -5,6 +5,7 @@ converter named on the command line; clear refusals."""
 from __future__ import annotations
 
 import json
+import stat
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from fedtune.artifacts import evaluate_run, load_final
 from fedtune.cli import app
 from fedtune.config import ExperimentConfig
 from fedtune.export import CONVERTER_ENV, GGUF_FILE, INFO_FILE, export_run
+from fedtune.files import current_umask
 from fedtune.rundata import prepare_data
 from tests.integration.helpers import quiet_runner, tiny_config
 
@@ -70,6 +72,53 @@ def test_a_peft_export_loads_with_peft_on_the_base_model(
     )
 
 
+def _modes(directory: Path) -> dict[str, int]:
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.rglob("*") if p.is_file()}
+
+
+def test_the_runs_adapter_names_its_base_model_and_carries_the_runs_card(
+    fedit_run: tuple[ExperimentConfig, Path],
+) -> None:
+    _, run_dir = fedit_run
+    adapter = run_dir / "artifacts" / "adapter"
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    card = (adapter / "README.md").read_text()
+
+    assert config["base_model_name_or_path"] == "tiny-llama"  # was null
+    assert "# fedit-tiny: a LoRA adapter (peft)" in card and "Model Card for Model ID" not in card
+    assert set(_modes(run_dir / "artifacts").values()) == {0o666 & ~current_umask()}
+
+
+@pytest.mark.parametrize("fmt", ["peft", "merged"])
+def test_an_export_carries_the_runs_card_and_files_anyone_may_read(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path, fmt: str
+) -> None:
+    # Prepare: an adapter saved before the base was named (as runs made before this change have it)
+    _, run_dir = fedit_run
+    saved = run_dir / "artifacts" / "adapter" / "adapter_config.json"
+    original = saved.read_text()
+    saved.write_text(json.dumps({**json.loads(original), "base_model_name_or_path": None}))
+
+    # Execute
+    try:
+        export_run(run_dir, fmt, tmp_path / fmt)
+    finally:
+        saved.write_text(original)
+
+    # Assert: the card (not peft's template), the base named, every file 0666 less the umask
+    card = (tmp_path / fmt / "README.md").read_text()
+    library = {"peft": "peft", "merged": "transformers"}[fmt]
+    assert f"library_name: {library}" in card and "**fedit**: 1 of 1 rounds" in card
+    assert "## Final metrics (round 1)" in card and "Model Card for Model ID" not in card
+    if fmt == "peft":
+        config = json.loads((tmp_path / fmt / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "tiny-llama"
+    modes = _modes(tmp_path / fmt)
+    assert any(name.endswith(".safetensors") for name in modes)
+    assert set(modes.values()) == {0o666 & ~current_umask()}
+
+
 def test_gguf_runs_the_named_converter_on_the_merged_model(
     fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
 ) -> None:
@@ -96,7 +145,8 @@ def test_gguf_runs_the_named_converter_on_the_merged_model(
     result = export_run(run_dir, "gguf", tmp_path / "gguf", converter=converter, outtype="q8_0")
 
     assert (tmp_path / "gguf" / GGUF_FILE).read_text() == "LlamaForCausalLM q8_0"
-    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [INFO_FILE, GGUF_FILE]
+    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == ["README.md", INFO_FILE, GGUF_FILE]
+    assert "library_name: gguf" in (tmp_path / "gguf" / "README.md").read_text()
     assert "converted to GGUF (q8_0)" in result.what
 
 

@@ -5,6 +5,8 @@ deliberately slow model; the CLI's checks of --host and --port."""
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import threading
 import time
@@ -134,7 +136,7 @@ def test_bad_requests_get_the_openai_error_shape(served: tuple[Path, str]) -> No
         reply = client.chat.completions.create(model=name, messages=conversation, max_tokens=3, temperature=0)
         assert reply.choices[0].message.content is not None
     else:
-        with pytest.raises(openai.BadRequestError, match="exactly one user message"):
+        with pytest.raises(openai.BadRequestError, match="send one user message"):
             client.chat.completions.create(model=name, messages=conversation, max_tokens=3)
     # The raw wire: the error body, no traceback, for an unknown route, bad JSON and a missing key.
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -147,7 +149,68 @@ def test_bad_requests_get_the_openai_error_shape(served: tuple[Path, str]) -> No
         assert response.status_code == status
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and "Traceback" not in error["message"]
-    assert httpx.get(f"{root}/health").status_code == 200  # open without the key
+    health = httpx.get(f"{root}/health")  # open without the key
+    assert health.status_code == 200 and health.json() == {"status": "ok"}  # as vLLM answers
+
+
+def test_a_system_message_is_folded_into_the_instruction(served: tuple[Path, str]) -> None:
+    # Prepare: what a chat client sends (a system message first)
+    run_dir, url = served
+    client, name = _client(url), _name(run_dir)
+    system = "You are a careful lexicographer."
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": PROMPT}]
+
+    # Execute
+    reply = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+
+    # Assert: Alpaca: the system text is the instruction's first paragraph; chat: the chat template's
+    if run_config(run_dir).data.template == "chat":
+        assert reply.choices[0].message.content is not None
+        return
+    (expected,) = generate_from_run(run_dir, [f"{system}\n\n{PROMPT}"], max_new_tokens=6)
+    assert reply.choices[0].message.content == expected
+    with pytest.raises(openai.BadRequestError, match="one user message, after any system messages"):
+        client.chat.completions.create(model=name, messages=[*messages, *messages[:1]], max_tokens=2)
+
+
+def _logged(caplog: pytest.LogCaptureFixture, start: str, timeout: float = 10.0) -> str:
+    """The serve log's line starting ``start`` (a stream's is written just after its last event)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [r.getMessage() for r in caplog.records if r.name == "fedtune.serve"]
+        found = [line for line in lines if line.startswith(start)]
+        if found:
+            return found[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no log line starting {start!r} in {lines}")
+
+
+def test_every_request_is_logged_in_one_line(
+    served: tuple[Path, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir, url = served
+    client, name = _client(url), _name(run_dir)
+    messages = [{"role": "user", "content": PROMPT}]
+    with caplog.at_level(logging.INFO, logger="fedtune.serve"):
+        # Execute: a whole answer, a stream, a refusal
+        whole = client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+        whole_line = _logged(caplog, "POST /v1/chat/completions 200")
+        caplog.clear()
+        stream = client.completions.create(
+            model=name, prompt=PROMPT, max_tokens=4, temperature=0, stream=True
+        )
+        assert list(stream)
+        stream_line = _logged(caplog, "POST /v1/completions 200")
+        httpx.post(f"{url}/completions", json={"prompt": PROMPT})  # no key
+        refused_line = _logged(caplog, "POST /v1/completions 401")
+
+    # Assert: method, path, status, tokens (the usage's total), milliseconds
+    assert whole.usage is not None
+    assert re.fullmatch(
+        rf"POST /v1/chat/completions 200 tokens={whole.usage.total_tokens} \d+ ms", whole_line
+    )
+    assert re.fullmatch(r"POST /v1/completions 200 tokens=\d+ \d+ ms", stream_line)
+    assert re.fullmatch(r"POST /v1/completions 401 tokens=- \d+ ms", refused_line)
 
 
 class _Scorer(FinalModel):

@@ -60,3 +60,12 @@ def test_natural_on_data_without_the_field_names_the_key() -> None:
     records = [Record(instruction=f"q{i}", output="a") for i in range(12)]
     with pytest.raises(DataError, match=r"data.partition.by \('category'\).*does the data have"):
         partition_records(records, scheme="natural", num_clients=4)
+
+
+def test_pathological_on_data_without_categories_says_to_use_iid() -> None:
+    # Prepare: a user file without 'category' gives every record the one category "general".
+    records = [Record(instruction=f"q{i}", output="a") for i in range(12)]
+
+    # Execute / Assert: the error names the key and the value that fixes it
+    with pytest.raises(DataError, match=r"only 1 distinct 'category' values: set data.partition.scheme=iid"):
+        partition_records(records, scheme="pathological", num_clients=4, classes_per_client=2)

@@ -20,6 +20,7 @@ from fedtune.report import (
     read_metrics,
     write_report,
 )
+from fedtune.report.report import category_table, few_examples
 
 COUNTS = {
     "client_10": {"open_qa": 5, "summarization": 1},
@@ -179,10 +180,26 @@ def test_report_summarises_before_after_and_totals(compared_report: Path) -> Non
     assert "| Mean round time (s) | 12 |" in text
     assert "| Peak RSS (MiB) | 950 |" in text
     assert "| Failed client-rounds | 1 |" in text
-    assert "| rougeL | open_qa | 3 | yes | 0.1 | 0.25 | +0.15 |" in text
-    assert "| rougeL | poetry | 2 | no * | 0 | 0.05 | +0.05 |" in text
+    assert "| rougeL | open_qa | 3 | yes | 0.1 | 0.25 | +0.15 † |" in text
+    assert "| rougeL | poetry | 2 | no * | 0 | 0.05 | +0.05 † |" in text
+    assert "† scored on fewer than 10 examples: a difference there is mostly noise" in text
     assert "in no client's training data: poetry" in text
     assert "| client_10 | 5 | 0 | 1 | 6 |" in text
+
+
+def test_category_changes_from_fewer_than_10_examples_are_marked_as_noise() -> None:
+    # Prepare: one category scored on 9 examples, one on 10, one without a count
+    before = {"rougeL": {"few": 0.2, "enough": 0.2, "unknown": 0.2}}
+    final = {"rougeL": {"few": 0.5, "enough": 0.5, "unknown": 0.5}}
+
+    # Execute
+    text = squeeze(category_table(before, final, {"few": 9, "enough": 10}))
+
+    # Assert: n shown per category, only the change from 9 examples marked
+    assert "| rougeL | few | 9 | | 0.2 | 0.5 | +0.3 † |" in text
+    assert "| rougeL | enough | 10 | | 0.2 | 0.5 | +0.3 |" in text
+    assert "| rougeL | unknown | – | | 0.2 | 0.5 | +0.3 |" in text
+    assert few_examples({"few": 9, "enough": 10}) == ["few"]
 
 
 def test_report_writes_valid_pngs_and_links_them(compared_report: Path) -> None:

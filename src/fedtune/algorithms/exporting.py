@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtune.algorithms.final import CausalLMModel, FinalModel, FinalModelError, FinalRun
+from fedtune.modelcard import base_model_of, save_peft_adapter
 
 METHOD_FORMATS = ("peft", "merged")
 """What ``Algorithm.export_final`` writes; ``gguf`` is converted from ``merged`` by ``fedtune.export``."""
@@ -68,7 +69,8 @@ def export_causal_lm(final: FinalModel, fmt: str, out: Path, what: str) -> Expor
                 f"{what} of this {final.cfg.algorithm!r} run holds no LoRA adapter (its weights are trained "
                 "directly): export it with --format merged"
             )
-        model.save_pretrained(str(out))
+        # Named again: a run saved before adapters named their base has null or a local path there.
+        save_peft_adapter(model, out, base_model_of(final.cfg.model))
         final.tokenizer.save_pretrained(str(out))
         return Exported(f"{what}: a peft LoRA adapter for the base model {base!r}")
     if fmt != "merged":

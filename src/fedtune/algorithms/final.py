@@ -216,11 +216,12 @@ def save_adapter_model(
     cfg: ExperimentConfig, resources: Resources, adapter: Mapping[str, np.ndarray], directory: Path
 ) -> None:
     """``adapter`` on the run's ``model:`` as a standard peft directory ``directory/adapter``."""
+    from fedtune.modelcard import base_model_of, save_peft_adapter
     from fedtune.models.lora import load_adapter
 
     model, _ = resources.lora_lm()
     load_adapter(model, adapter)
-    model.save_pretrained(str(directory / ADAPTER_DIR))
+    save_peft_adapter(model, directory / ADAPTER_DIR, base_model_of(cfg.model))
     meta = {"base_model": cfg.model.name, "template": cfg.data.template, "algorithm": cfg.algorithm}
     (directory / META_FILE).write_text(json.dumps(meta, indent=1))
 

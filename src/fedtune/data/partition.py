@@ -96,7 +96,8 @@ def partition_records(
     if scheme == "pathological" and classes_per_client > values:
         raise DataError(
             f"data.partition.classes_per_client={classes_per_client} but the data has only {values} "
-            f"distinct '{by}' values"
+            f"distinct '{by}' values: set data.partition.scheme=iid (or dirichlet) for data without "
+            f"'{by}' labels, or lower data.partition.classes_per_client to {values}"
         )
     if scheme == "natural" and values == 1:
         only = table[by][0]

@@ -24,6 +24,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from fedtune.errors import RunError
+from fedtune.files import honour_umask
 
 MANIFEST = "manifest.json"
 FILES = ("arrays.safetensors", "state.json")
@@ -112,6 +113,7 @@ def save_checkpoint(run_dir: Path, rnd: int, tree: dict[str, Any], keep: int = 2
     arrays: dict[str, np.ndarray] = {}
     encoded = _encode(tree, "", arrays)
     save_file(arrays, str(tmp / "arrays.safetensors"))
+    honour_umask(tmp / "arrays.safetensors")  # safetensors writes it 0600
     with open(tmp / "arrays.safetensors", "rb+") as handle:
         os.fsync(handle.fileno())
     _write_file(tmp / "state.json", json.dumps(encoded).encode())

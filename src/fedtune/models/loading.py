@@ -128,7 +128,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     # Hub ids are "name" or "owner/name"; anything else path-shaped is meant as a local path.
     return name.startswith(("/", ".", "~")) or name.endswith(".gguf") or name.count("/") > 1
 
@@ -190,7 +190,7 @@ def resolve_source(
         return _local_dir(path, gguf_file, cache_dir)
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf_cached(path, cache_dir)
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise ModelError(f"no model directory or .gguf file at {path}")
     if gguf_file is not None:
         return _hub_gguf(name, gguf_file, cache_dir)

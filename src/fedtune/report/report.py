@@ -314,6 +314,12 @@ def _category_section(run: Run, plots_dir: Path) -> str:
     unheld = untrained_categories(eval_counts, trained)
     if unheld:
         lines.append(f"\n\\* in no client's training data: {', '.join(unheld)} (evaluated all the same).\n")
+    if few_examples(eval_counts):
+        lines.append(
+            f"\n{FEW_MARK} scored on fewer than {FEW_CATEGORY_EXAMPLES} examples: a difference there is "
+            "mostly noise (one example more or less right moves the score by 1/n); raise "
+            "eval.max_examples or evaluate on a larger test set before reading it.\n"
+        )
     return "\n".join([*lines, _image(title, path, plots_dir)])
 
 
@@ -363,6 +369,16 @@ def category_labels(
     return labels
 
 
+FEW_CATEGORY_EXAMPLES = 10
+"""A category scored on fewer examples than this has its change marked as noise (``FEW_MARK``)."""
+FEW_MARK = "†"
+
+
+def few_examples(eval_counts: dict[str, int]) -> list[str]:
+    """The categories scored on fewer than ``FEW_CATEGORY_EXAMPLES`` examples."""
+    return sorted(c for c, n in eval_counts.items() if n < FEW_CATEGORY_EXAMPLES)
+
+
 def category_table(
     before: dict[str, dict[str, float]],
     final: dict[str, dict[str, float]],
@@ -376,8 +392,13 @@ def category_table(
             start = before.get(metric, {}).get(category)
             delta = scores[category] - start if start is not None else None
             held = "" if trained is None else ("yes" if category in trained else "no *")
+            mark = (
+                f" {FEW_MARK}"
+                if eval_counts.get(category, FEW_CATEGORY_EXAMPLES) < FEW_CATEGORY_EXAMPLES
+                else ""
+            )
             row = [metric, category, eval_counts.get(category), held, start, scores[category]]
-            rows.append([*row, format_delta(delta)])
+            rows.append([*row, format_delta(delta) + mark])
     headers = ["Metric", "Category", "Eval examples", "In training data", "Before", "Final", "Δ"]
     return markdown_table(headers, rows)
 

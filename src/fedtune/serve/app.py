@@ -7,7 +7,8 @@ on one model worker thread: requests are received concurrently, the model comput
 Every error leaves as ``{"error": {"message", "type", "param", "code"}}`` with its status (400 a request
 the server cannot serve or a body that does not fit the schema, naming the field in ``param``, as OpenAI
 and vLLM answer; 401 a missing or wrong API key, 404 an unknown model or route, 500 a failure, logged on
-the server); a traceback never leaves the process.
+the server); a traceback never leaves the process. Every request is logged in one line when its response
+ends (``RequestLog``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -27,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fedtune.serve.protocol import APIError, bad_request, error_body, now, validation_error
 
@@ -177,6 +180,51 @@ async def _events(chunks: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any
     yield b"data: [DONE]\n\n"
 
 
+class RequestLog:
+    """ASGI middleware: one INFO line per HTTP request when its response ends (a stream: after its last
+    event), ``POST /v1/chat/completions 200 tokens=57 812 ms``: method, path, status, the tokens a route
+    reported in ``request.state.tokens`` (a number, or a callable read at the end; ``-`` when none) and
+    the milliseconds from receipt to the last byte. A response cut short (the client went away) is
+    logged when it ends, with the status it had sent."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status, logged = time.perf_counter(), 500, False
+
+        async def observed(message: Message) -> None:
+            nonlocal status, logged
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                logged = True
+                log_request(scope, status, start)
+
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            if not logged:
+                log_request(scope, status, start)
+
+
+def log_request(scope: Scope, status: int, start: float) -> None:
+    tokens = scope.get("state", {}).get("tokens")
+    if callable(tokens):
+        try:
+            tokens = tokens()
+        except Exception:  # a count is not worth failing a finished request over
+            log.debug("counting the tokens of %s failed", scope["path"], exc_info=True)
+            tokens = None
+    elapsed_ms = (time.perf_counter() - start) * 1000
+    shown = "-" if tokens is None else str(tokens)
+    log.info("%s %s %d tokens=%s %.0f ms", scope["method"], scope["path"], status, shown, elapsed_ms)
+
+
 def build_app(
     service: Service, *, api_key: str | None = None, max_concurrent: int = DEFAULT_MAX_CONCURRENT
 ) -> FastAPI:
@@ -245,7 +293,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        return json_response({"status": "ok"})  # what vLLM answers
 
     def card() -> dict[str, Any]:
         return {
@@ -268,4 +316,5 @@ def build_app(
         return json_response(card())
 
     service.mount(app, worker)
+    app.add_middleware(RequestLog)  # added last: outermost, so it also logs what the key check refuses
     return app

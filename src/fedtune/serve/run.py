@@ -6,7 +6,8 @@ The model is whatever the run's method says its final model is (``Algorithm.fina
 
 - ``POST /v1/chat/completions``: the messages rendered with the run's prompt template
   (``data.template``): ``chat`` renders the whole conversation with the tokenizer's chat template;
-  ``alpaca`` and ``plain`` hold one instruction, so they take exactly one user message.
+  ``alpaca`` and ``plain`` hold one instruction, so they take one user message, after any system
+  messages, which are folded into the instruction before it (chat clients always send one).
 - ``POST /v1/completions``: the prompt as sent, no template (a text or a list of texts).
 - Both: ``max_tokens`` (completions: 16 by default, as OpenAI; chat: ``DEFAULT_CHAT_TOKENS``),
   ``temperature`` (default 1, 0 greedy), ``top_p``, ``stop`` (up to 4 strings, cut from the text),
@@ -50,6 +51,9 @@ DEFAULT_COMPLETION_TOKENS = 16
 """``max_tokens`` of a completion request that names none (OpenAI's default)."""
 DEFAULT_CHAT_TOKENS = 256
 """``max_tokens`` of a chat request that names none (OpenAI's is the context: small models need a bound)."""
+SYSTEM_ROLES = ("system", "developer")
+"""Roles whose text an ``alpaca`` or ``plain`` prompt folds into the instruction (OpenAI's newer models
+call the system message ``developer``)."""
 NO_LIMIT = 10**8
 """A tokenizer's ``model_max_length`` at or above this is transformers' "no limit" sentinel."""
 
@@ -103,6 +107,7 @@ class RunService:
             slot = worker.slot()
             try:
                 opened = [await worker.run(self.open, body, prompt, max_tokens) for prompt in prompts]
+                request.state.tokens = lambda: sum(one.total_tokens() for one in opened)
                 if body.stream:
                     return sse(self._completion_chunks(worker, opened[0], request), slot)
                 with slot:
@@ -123,6 +128,7 @@ class RunService:
             slot = worker.slot()
             try:
                 opened = await worker.run(self.open, body, prompt, max_tokens)
+                request.state.tokens = opened.total_tokens
                 if body.stream:
                     usage = bool((body.stream_options or {}).get("include_usage"))
                     return sse(self._chat_chunks(worker, opened, usage, request), slot)
@@ -149,14 +155,20 @@ class RunService:
             )
             assert isinstance(rendered, str)
             return rendered
-        if len(messages) != 1 or messages[0]["role"] != "user":
+        return build_prompt(Record(self.instruction(messages), "-"), self.template, self.tokenizer)
+
+    def instruction(self, messages: list[dict[str, str]]) -> str:
+        """The one instruction an ``alpaca`` or ``plain`` prompt holds: the user message, after the text
+        of any system (or developer) messages before it, each its own paragraph."""
+        system = [m for m in messages[:-1] if m["role"] in SYSTEM_ROLES]
+        if len(system) != len(messages) - 1 or messages[-1]["role"] != "user":
             raise bad_request(
                 f"this run's model was trained with the {self.template!r} template, which holds one "
-                "instruction: send exactly one user message (or use /v1/completions with a prompt of your "
-                "own)",
+                "instruction: send one user message, after any system messages (or use /v1/completions "
+                "with a prompt of your own)",
                 "messages",
             )
-        return build_prompt(Record(messages[0]["content"], "-"), self.template, self.tokenizer)
+        return "\n\n".join([*(m["content"] for m in system if m["content"].strip()), messages[-1]["content"]])
 
     def open(self, body: SamplingRequest, prompt: str, max_tokens: int) -> Opened:
         """The model's text stream for ``prompt`` (on the worker: it tokenizes; decoding starts on the
@@ -294,13 +306,20 @@ class Opened:
 
     def __init__(self, stream: Iterator[str], prompt_tokens: int, tokenizer: Any) -> None:
         self.stream, self.prompt_tokens, self.tokenizer = stream, prompt_tokens, tokenizer
+        self.text = ""
+        """The text decoded so far (what the request log counts)."""
 
     def advance(self) -> str | None:
         """One step (on the worker): the text it adds, or None once the text has ended. A ``TextStream``
         takes one model step; another stream (a model without a decoder) gives its next piece."""
-        if isinstance(self.stream, TextStream):
-            return self.stream.step()
-        return next(self.stream, None)
+        delta = self.stream.step() if isinstance(self.stream, TextStream) else next(self.stream, None)
+        if delta:
+            self.text += delta
+        return delta
+
+    def total_tokens(self) -> int:
+        """The prompt's and the text's tokens so far."""
+        return self.usage(self.text)["total_tokens"]
 
     def close(self) -> None:
         """No more steps (a flag, safe from the event loop while a step runs on the worker)."""

@@ -47,6 +47,7 @@ from fedtune.data.tokenize import encode_records, make_batches
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
+from fedtune.modelcard import base_model_of, save_peft_adapter
 from fedtune.models.lora import adapter_arrays, load_adapter
 from fedtune.proxy.http_source import APIUsage, api_usage, is_api_url
 from fedtune.proxy.source import LogitSource
@@ -359,7 +360,7 @@ class FedPT(Algorithm[FedPTConfig]):
         # The variants *-distilled: the small LM after the last round's distillation.
         model, _ = self._resources.lora_lm()
         load_adapter(model, self.global_adapter)
-        model.save_pretrained(str(directory / DISTILLED_ADAPTER))
+        save_peft_adapter(model, directory / DISTILLED_ADAPTER, base_model_of(self.cfg.model))
 
     def state_dict(self) -> dict[str, Any]:
         return {
