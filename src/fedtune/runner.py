@@ -206,13 +206,14 @@ class Runner:
     def _in_process(
         self, algorithm: Algorithm, data: RunData, resources: Resources, progress: RunProgress
     ) -> InProcessFederation:
+        fed: InProcessFederation  # the reporter reads the round from the federation it is given to
         fed = InProcessFederation(
             self.cfg,
             algorithm.all_client_tasks(),
             data.clients,
             resources,
             self.run_dir,
-            reporter=lambda cid: progress.client(fed.rnd, cid),
+            reporter=lambda client, task, index, count: progress.task(fed.rnd, client, task, index, count),
             before_task=self.before_task,
             after_task=self.after_task,
             tap=self.tap,
