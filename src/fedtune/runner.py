@@ -343,6 +343,12 @@ class Runner:
             progress.phase("setting up")
             algorithm.setup(server)
             last = self._restore(algorithm, fed) if resume else -1
+            if last >= rounds:
+                self.console.print(
+                    f"{self.run_dir} is already complete (round {last} of {rounds}): nothing to train; "
+                    "its final model is written again and its table follows",
+                    soft_wrap=True,
+                )
             if algorithm.privacy is not None:
                 algorithm.privacy.start(fed.client_ids(), algorithm.clients_per_round(fed))
             if last < 0:

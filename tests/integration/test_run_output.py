@@ -8,14 +8,16 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fedtune.config import load_run_config
 from fedtune.runner import Runner
 from tests.integration.helpers import tiny_config
 
 
-def _run_off_a_terminal(tmp_path: Path, *overrides: str) -> str:
+def _run_off_a_terminal(tmp_path: Path, *overrides: str, resume: bool = False) -> str:
     stream = io.StringIO()
-    cfg = tiny_config("fedit", "fed.rounds=1", *overrides)
-    Runner(cfg, tmp_path / "run", console=Console(file=stream, width=80)).run()
+    run_dir = tmp_path / "run"
+    cfg = load_run_config(run_dir) if resume else tiny_config("fedit", "fed.rounds=1", *overrides)
+    Runner(cfg, run_dir, console=Console(file=stream, width=80)).run(resume=resume)
     return stream.getvalue()
 
 
@@ -28,3 +30,11 @@ def test_every_client_task_is_a_line_and_no_bar_fragment_is_left(tmp_path: Path)
         assert re.fullmatch(pattern, line), line
     # the bars' last frame, which rich prints when they stop off a terminal ("rounds ━ 1… eta 0:…")
     assert " eta " not in text and not any(line.startswith("rounds") for line in text.splitlines())
+
+
+def test_resuming_a_finished_run_says_it_was_already_complete(tmp_path: Path) -> None:
+    first = _run_off_a_terminal(tmp_path)
+    assert "already complete" not in first
+    again = _run_off_a_terminal(tmp_path, resume=True)
+    assert f"{tmp_path / 'run'} is already complete (round 1 of 1): nothing to train" in again
+    assert "before vs after" in again
