@@ -65,3 +65,11 @@ def test_a_superlink_that_cannot_count_its_nodes_is_no_error(tmp_path: Path) -> 
     assert said == [
         "Flower run 7: the ServerApp is running (loading data and models, then waiting for the SuperNodes)"
     ]
+
+
+def test_resuming_a_finished_run_says_it_is_complete(tmp_path: Path) -> None:
+    said: list[str] = []
+    rows = [{"round": 0}, {"round": 1}, {"round": 2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    _watch(tmp_path, [4], said)
+    assert said == ["the run is already complete (round 2 of 2): nothing to train"]

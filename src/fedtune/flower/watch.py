@@ -43,7 +43,11 @@ class RunWatch:
 
     def __post_init__(self) -> None:
         # A resumed run's rows from before were said by the run that wrote them.
-        self.rows = len(_complete_rows(self.metrics.read_text())) if self.metrics.is_file() else 0
+        rows = _complete_rows(self.metrics.read_text()) if self.metrics.is_file() else []
+        self.rows = len(rows)
+        last = int(rows[-1].get("round", 0)) if rows else 0
+        if last >= self.rounds:
+            self.say(f"the run is already complete (round {last} of {self.rounds}): nothing to train")
 
     def __call__(self, status: str) -> None:
         if status != self.status:
