@@ -46,7 +46,8 @@ NOTES: dict[str, str] = {
     "seed": "Every random choice (sampling, partitions, dropout, evaluation subsets) derives from it.",
     "algorithm": "The method that runs; its own section (below) is validated by its config class.",
     "output_dir": "The run directory (default `runs/<name>`).",
-    "progress": "Show progress bars.",
+    "progress": "Show progress: bars on a terminal; elsewhere (a pipe, a log, CI) one plain line per phase "
+    "and per finished client task.",
     "model.name": "A zoo name, a local directory, a `.gguf` file, a Hugging Face id or a tiny test model "
     "(`tiny-llama`, `tiny-qwen2`, `tiny-gpt2`).",
     "model.dtype": "`auto`: fp32 on CPU, bf16 on GPU.",

@@ -13,6 +13,7 @@ from fedtune.config import ExperimentConfig, load_run_config
 from fedtune.data.records import DataError, Record
 from fedtune.data.templates import build_prompt
 from fedtune.eval.evaluate import EvalResult
+from fedtune.models.loading import parse_tiny_name
 from fedtune.rundata import prepare_data
 
 
@@ -21,6 +22,18 @@ def run_config(run_dir: Path) -> ExperimentConfig:
     if not (run_dir / "config.yaml").is_file():
         raise DataError(f"{run_dir} is not a run directory (no config.yaml)")
     return load_run_config(run_dir)
+
+
+def random_model_note(run_dir: Path) -> str | None:
+    """A word for whoever reads what a run's final model generates, when its model is one of the seeded
+    random test models (``tiny-*``): their text is noise or blank, and nothing is wrong."""
+    name = run_config(run_dir).model.name
+    if parse_tiny_name(name) is None:
+        return None
+    return (
+        f"note: {name} is a randomly initialised test model, so what it generates means nothing; "
+        "a real model (e.g. configs/demo/fedit-smollm2.yaml) writes text"
+    )
 
 
 def load_final(

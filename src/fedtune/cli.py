@@ -214,9 +214,10 @@ def generate(
 
     The final model is the run's method's: e.g. the proxy-tuned large model of a proxy-tuning run.
     """
-    from fedtune.artifacts import generate_from_run
+    from fedtune.artifacts import generate_from_run, random_model_note
 
     try:
+        note = random_model_note(run_dir)
         texts = generate_from_run(
             run_dir,
             prompt,
@@ -232,6 +233,8 @@ def generate(
         _fail(exc)
     for question, answer in zip(prompt, texts, strict=True):
         out.print(f"[bold]>>> {question}[/]\n{answer}\n")
+    if note is not None:
+        console.print(note, soft_wrap=True)
 
 
 @app.command()

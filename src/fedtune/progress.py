@@ -4,6 +4,10 @@ summary line and the before/after table at the end."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,11 +29,17 @@ from fedtune.units import megabytes
 
 
 class RunProgress:
-    """Two bars: rounds (with ETA for the run) and the current client's local steps."""
+    """What a run shows while it runs. On a terminal: two bars, rounds (with ETA for the run) and the
+    current client's local steps. Elsewhere (a log file, a pipe, CI) bars cannot redraw, so each phase and
+    each finished client task is one plain line instead, e.g.
+    ``round 1/4 · client 2/4 (c01) · train 10 steps, loss 2.3456 · 41 s``.
+    ``enabled=False`` (``progress: false``) shows neither, only each round's summary line."""
 
     def __init__(self, console: Console, rounds: int, start_round: int = 0, enabled: bool = True) -> None:
         self.console = console
-        self.enabled = enabled
+        self.rounds = rounds
+        self.live = enabled and console.is_terminal
+        self.plain = enabled and not console.is_terminal
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -40,7 +50,8 @@ class RunProgress:
             TimeRemainingColumn(),
             console=console,
             transient=False,
-            disable=not enabled,
+            # Off a terminal rich prints the bars' last frame when they stop: a fragment in the log.
+            disable=not self.live,
         )
         self.rounds_task: TaskID = self.progress.add_task(
             "rounds", total=rounds, completed=start_round, info=""
@@ -56,23 +67,59 @@ class RunProgress:
     ) -> None:
         self.progress.__exit__(kind, exc, tb)
 
+    def _line(self, text: str) -> None:
+        self.console.print(text, soft_wrap=True, markup=False, highlight=False)
+
     def phase(self, text: str) -> None:
+        if self.plain:
+            self._line(text)
         self.progress.update(self.step_task, description=text, info="", completed=0, total=None, visible=True)
 
-    def client(self, rnd: int, client: str) -> StepReporter:
-        if not self.enabled:
-            return no_report
-        self.progress.reset(self.step_task, total=1, visible=True, description=f"r{rnd} {client}", info="")
+    @contextmanager
+    def task(self, rnd: int, client: str, task: str, index: int, count: int) -> Iterator[StepReporter]:
+        """The progress of one client task (a ``TaskReporter`` once the round is bound)."""
+        if self.live:
+            self.progress.reset(
+                self.step_task, total=1, visible=True, description=f"r{rnd} {client}", info=""
+            )
+        steps = TaskSteps()
+        start = time.perf_counter()
 
         def report(step: int, total: int, loss: float | None) -> None:
+            steps.step, steps.loss = step, loss
             info = f"loss {loss:.4f}" if loss is not None else ""
             self.progress.update(self.step_task, completed=step, total=total, info=info)
 
-        return report
+        yield report if self.enabled else no_report
+        if self.plain:
+            seconds = time.perf_counter() - start
+            where = f"round {rnd}/{self.rounds} · client {index}/{count} ({client})"
+            self._line(f"{where} · {steps.describe(task)} · {seconds:.0f} s")
+
+    @property
+    def enabled(self) -> bool:
+        return self.live or self.plain
 
     def end_round(self, rnd: int, summary: str) -> None:
         self.progress.update(self.rounds_task, completed=rnd, info=summary)
-        self.console.log(f"round {rnd}: {summary}")
+        if self.console.is_terminal:
+            self.console.log(f"round {rnd}: {summary}")
+        else:
+            self._line(f"round {rnd}/{self.rounds}: {summary}")
+
+
+@dataclass
+class TaskSteps:
+    """The last step a client task reported, for its plain progress line."""
+
+    step: int = 0
+    loss: float | None = None
+
+    def describe(self, task: str) -> str:
+        if not self.step:
+            return task
+        loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
+        return f"{task} {self.step} steps{loss}"
 
 
 def round_summary(row: dict[str, Any]) -> str:

@@ -208,13 +208,14 @@ class Runner:
     def _in_process(
         self, algorithm: Algorithm, data: RunData, resources: Resources, progress: RunProgress
     ) -> InProcessFederation:
+        fed: InProcessFederation  # the reporter reads the round from the federation it is given to
         fed = InProcessFederation(
             self.cfg,
             algorithm.all_client_tasks(),
             data.clients,
             resources,
             self.run_dir,
-            reporter=lambda cid: progress.client(fed.rnd, cid),
+            reporter=lambda client, task, index, count: progress.task(fed.rnd, client, task, index, count),
             before_task=self.before_task,
             after_task=self.after_task,
             tap=self.tap,
@@ -344,6 +345,12 @@ class Runner:
             progress.phase("setting up")
             algorithm.setup(server)
             last = self._restore(algorithm, fed) if resume else -1
+            if last >= rounds:
+                self.console.print(
+                    f"{self.run_dir} is already complete (round {last} of {rounds}): nothing to train; "
+                    "its final model is written again and its table follows",
+                    soft_wrap=True,
+                )
             if algorithm.privacy is not None:
                 algorithm.privacy.start(fed.client_ids(), algorithm.clients_per_round(fed))
             if last < 0:

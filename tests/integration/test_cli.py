@@ -29,6 +29,7 @@ def test_run_eval_generate_report(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert ">>> Define 'cat'." in result.output
+    assert "note: tiny-llama is a randomly initialised test model" in result.output
     result = runner.invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert (run_dir / "report.md").is_file()

@@ -134,3 +134,27 @@ def test_no_file_points_outside_the_repository() -> None:
         for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
             found += [f"{path.relative_to(ROOT)}:{n}: {name}" for name in OUTSIDE if name in line]
     assert not found, "files name files outside the repository:\n" + "\n".join(found)
+
+
+def _tour_runs() -> dict[str, list[str]]:
+    """The README's ``fedtune run`` lines: output directory -> config and overrides (what the job is)."""
+    runs = {}
+    for line in README.read_text().splitlines():
+        words = line.split("#")[0].split()
+        if words[:2] == ["fedtune", "run"] and "-o" in words:
+            out = words[words.index("-o") + 1]
+            kept = [w for w in words[2:] if w not in ("-o", out, "--backend") and w not in ("flower", "ray")]
+            runs[out] = kept
+    return runs
+
+
+def test_readme_compares_runs_of_the_same_job() -> None:
+    runs = _tour_runs()
+    lines = [line.split("#")[0].split() for line in README.read_text().splitlines()]
+    compared = [words for words in lines if words[:2] == ["fedtune", "report"] and "--compare" in words[3:4]]
+    assert compared, "README.md no longer shows `fedtune report ... --compare ...`"
+    for words in compared:
+        first, second = words[2], words[words.index("--compare") + 1]
+        assert runs[first] == runs[second], (
+            f"README.md compares {first} {runs[first]} with {second} {runs[second]}"
+        )

@@ -261,3 +261,22 @@ def test_score_generations_dist_n_and_sample_cap() -> None:
 def test_unknown_metric_is_an_error_with_a_suggestion() -> None:
     with pytest.raises(ValueError, match="did you mean 'rougeL'"):
         score_generations(["p"], ["a"], ["a"], ["general"], ["rougel"])
+
+
+def test_sequence_nll_runs_the_head_only_where_a_token_is_scored() -> None:
+    # Prepare: 7 scored targets in a 2 x 7 batch; the head would see 14 positions with the full logits
+    model, _ = tiny_model("llama")
+    input_ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(0))
+    labels = input_ids.clone()
+    labels[:, :3] = IGNORE_INDEX
+    labels[1, -1] = IGNORE_INDEX
+    rows: list[int] = []
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda module, args, output: rows.append(output[..., 0].numel()))
+
+    # Execute
+    sequence_nll(model, {"input_ids": input_ids, "labels": labels})
+    handle.remove()
+
+    # Assert
+    assert rows == [7]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from fedtune.data.partition import category_counts, partition_records
@@ -69,3 +71,21 @@ def test_pathological_on_data_without_categories_says_to_use_iid() -> None:
     # Execute / Assert: the error names the key and the value that fixes it
     with pytest.raises(DataError, match=r"only 1 distinct 'category' values: set data.partition.scheme=iid"):
         partition_records(records, scheme="pathological", num_clients=4, classes_per_client=2)
+
+
+def test_pathological_says_which_categories_go_unused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fedtune.data"):
+        partition_records(RECORDS, scheme="pathological", num_clients=4, classes_per_client=2)
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "partition: 4 clients x 2 categories each cover 7 of 8 categories; not used for training: cat7 (see "
+        "data.partition.classes_per_client)"
+    ]
+
+
+def test_pathological_that_uses_every_category_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="fedtune.data"):
+        partition_records(RECORDS, scheme="pathological", num_clients=4, classes_per_client=5)
+    assert caplog.records == []

@@ -120,8 +120,13 @@ def partition_records(
                 f"{_SETTING_KEYS.get(scheme, 'num_clients')}): {error}"
             ) from None
     for warning in caught:
-        # e.g. the pathological scheme leaving some categories unused: worth knowing, not an error.
+        if scheme == "pathological" and "will NOT be used" in str(warning.message):
+            continue  # said below in the run's own terms
         log.info("partition: %s", str(warning.message).split(" If it is")[0])
+    if scheme == "pathological":
+        note = unused_values_note(sorted(set(table[by])), parts, by, classes_per_client)
+        if note:
+            log.info("partition: %s", note)
     empty = [cid for cid, part in parts.items() if not part]
     if empty:
         raise DataError(
@@ -129,6 +134,27 @@ def partition_records(
             "use fewer clients, more data or another scheme"
         )
     return parts
+
+
+def unused_values_note(
+    values: Sequence[str], parts: dict[str, list[Record]], by: str, classes_per_client: int
+) -> str:
+    """One line on the ``by`` values no client trains on, or "" when every value is used.
+
+    flwr-datasets' pathological scheme (``first-deterministic``) gives client ``i`` the ``i``-th value in
+    sorted order plus ``classes_per_client - 1`` more drawn with the seed; draws may coincide, so ``n``
+    clients cover at most ``n * classes_per_client`` values and often fewer.
+    """
+    used = {str(getattr(rec, by)) for part in parts.values() for rec in part}
+    unused = [value for value in values if value not in used]
+    if not unused:
+        return ""
+    kind = "categories" if by == "category" else f"'{by}' values"
+    return (
+        f"{len(parts)} clients x {classes_per_client} {kind} each cover {len(values) - len(unused)} of "
+        f"{len(values)} {kind}; not used for training: {', '.join(unused)} (see "
+        "data.partition.classes_per_client)"
+    )
 
 
 def category_counts(parts: dict[str, list[Record]]) -> dict[str, dict[str, int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +25,16 @@ class StepReporter(Protocol):
 
 def no_report(step: int, total: int, loss: float | None) -> None:
     return None
+
+
+class TaskReporter(Protocol):
+    """Opens the progress of one client task: ``client`` runs ``task``, the ``index``-th (from 1) of the
+    ``count`` clients one call reaches. The context yields the task's step reporter and exits when the task
+    has ended (replied or failed)."""
+
+    def __call__(
+        self, client: str, task: str, index: int, count: int
+    ) -> AbstractContextManager[StepReporter]: ...
 
 
 @dataclass

@@ -6,12 +6,20 @@ own ``state`` dict and is swapped into the shared model by the task itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedtune.data.records import Record
-from fedtune.fl.federation import ClientContext, ClientTask, Traffic, durable_state, forget_secrets
+from fedtune.fl.federation import (
+    ClientContext,
+    ClientTask,
+    Traffic,
+    durable_state,
+    forget_secrets,
+    no_report,
+)
 from fedtune.fl.payload import Payload
 from fedtune.fl.replies import (
     ClientHook,
@@ -29,7 +37,7 @@ from fedtune.fl.validation import Expect, drop_outliers
 
 if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
-    from fedtune.fl.federation import StepReporter
+    from fedtune.fl.federation import StepReporter, TaskReporter
     from fedtune.resources import Resources
 
 __all__ = ["ClientHook", "InProcessFederation", "ReplyHook", "TapHook"]
@@ -45,7 +53,7 @@ class InProcessFederation(RoundKeeper):
         client_data: Mapping[str, list[Record]],
         resources: Resources,
         workdir: Path,
-        reporter: Callable[[str], StepReporter] | None = None,
+        reporter: TaskReporter | None = None,
         before_task: ClientHook | None = None,
         after_task: ReplyHook | None = None,
         tap: TapHook | None = None,
@@ -77,9 +85,8 @@ class InProcessFederation(RoundKeeper):
         for state in self.states.values():
             forget_secrets(state)
 
-    def _context(self, client: str) -> ClientContext:
-        report = self._reporter(client) if self._reporter else None
-        ctx = ClientContext(
+    def _context(self, client: str, report: StepReporter) -> ClientContext:
+        return ClientContext(
             client_id=client,
             cfg=self.cfg,
             data=self.client_data[client],
@@ -89,10 +96,8 @@ class InProcessFederation(RoundKeeper):
             rnd=self.rnd,
             eval_data=self.client_eval.get(client, []),
             public=self.public,
+            report=report,
         )
-        if report is not None:
-            ctx.report = report
-        return ctx
 
     def call(
         self,
@@ -105,13 +110,19 @@ class InProcessFederation(RoundKeeper):
         if task not in self.tasks:
             raise unknown_task(task, self.tasks)
         replies: dict[str, Payload] = {}
-        for client in clients:
+        for index, client in enumerate(clients, 1):
             message, tag = outbound(
                 self.traffic, payload, client, clients, self.cfg.fed.wire_dtype, task, self.rnd
             )
             if self.tap is not None:
                 self.tap("down", client, task, self.rnd, message)
-            outcome = self._run_one(client, task, message)
+            reporting = (
+                self._reporter(client, task, index, len(clients))
+                if self._reporter is not None
+                else nullcontext(no_report)
+            )
+            with reporting as report:
+                outcome = self._run_one(client, task, message, report)
             reply = settle(self.traffic, client, task, outcome, timeout, self.rnd)
             if reply is None:
                 continue
@@ -120,8 +131,8 @@ class InProcessFederation(RoundKeeper):
             accept(self.traffic, replies, client, reply, expect, self.rnd, tag)
         return drop_outliers(replies, expect, self.cfg.fed.screen, self.traffic.rejected, self.rnd)
 
-    def _run_one(self, client: str, task: str, message: Payload) -> Outcome:
-        ctx = self._context(client)
+    def _run_one(self, client: str, task: str, message: Payload, report: StepReporter) -> Outcome:
+        ctx = self._context(client, report)
         return run_task(self.tasks[task], ctx, task, message, self.before_task, self.after_task)
 
     def state_dict(self) -> dict[str, Any]:

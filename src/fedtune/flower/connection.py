@@ -98,6 +98,13 @@ class FlowerConnection:
                 self._client = init_http_client_from_connection(connection)
         return self._client
 
+    def online_nodes(self) -> int:
+        """How many SuperNodes the SuperLink counts as online now."""
+        from flwr.proto.control_pb2 import ListNodesRequest
+
+        response = self._control().ListNodes(ListNodesRequest())
+        return sum(1 for node in response.nodes_info if node.status == "online")
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -109,12 +116,20 @@ class FlowerConnection:
 
 
 def wait_for_run(
-    connection: FlowerConnection, run_id: int, poll: float = 1.0, alive: Callable[[], None] | None = None
+    connection: FlowerConnection,
+    run_id: int,
+    poll: float = 1.0,
+    alive: Callable[[], None] | None = None,
+    watch: Callable[[str], None] | None = None,
 ) -> None:
+    """Poll until the run finishes; ``watch`` sees the run's status at every poll (e.g. to say what the
+    run waits for); raise DeploymentError if it ended other than completed."""
     while True:
         if alive is not None:
             alive()
         status, sub_status, details = connection.status(run_id)
+        if watch is not None:
+            watch(status)
         if status == FINISHED:
             if sub_status != "completed":
                 tail = "\n".join(connection.logs(run_id).splitlines()[-40:])

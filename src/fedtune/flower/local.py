@@ -40,6 +40,7 @@ from fedtune.flower.processes import (
     worker_command,
 )
 from fedtune.flower.tls import TlsFiles, make_tls
+from fedtune.flower.watch import RunWatch
 
 log = logging.getLogger("fedtune.flower")
 
@@ -86,6 +87,7 @@ class LocalDeployment:
             flower_env(home),
         )
         wait_until_serving(self.address, ca)
+        log.info("SuperLink up at %s", self.address)
         self.connection = FlowerConnection(self.root / "cli", self.address, ca).write()
         if self.auth:
             self.keys = make_node_keys(self.keys_dir or self.root / "keys", self.num_nodes)
@@ -160,9 +162,17 @@ class LocalDeployment:
         """Submit the experiment, wait until the run finishes; raise DeploymentError if it failed."""
         assert self.connection is not None, "start() first"
         app_dir = write_app(self.root / "app", config_yaml, run_dir, resume, tasks, client_workdir=run_dir)
+        log.info("submitting the run to the SuperLink (flwr run packs the app first)")
         run_id = self.connection.submit(app_dir)
         log.info("Flower run %d submitted to the SuperLink at %s", run_id, self.address)
-        wait_for_run(self.connection, run_id, poll, alive=self._alive)
+        watch = RunWatch(
+            run_id,
+            self.num_nodes,
+            int(yaml.safe_load(config_yaml)["fed"]["rounds"]),
+            run_dir / "metrics.jsonl",
+            self.connection.online_nodes,
+        )
+        wait_for_run(self.connection, run_id, poll, alive=self._alive, watch=watch)
 
     def _alive(self) -> None:
         if self.superlink is not None and self.superlink.poll() is not None:
