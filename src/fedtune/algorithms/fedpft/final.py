@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from fedtune.algorithms.exporting import Exported
 from fedtune.algorithms.fedpft.wire import HEAD_PREFIXES, tuned_parameters, with_lora
@@ -113,6 +113,13 @@ class ClassifierModel(FinalModel):
 
     def evaluate(self, records: list[Record]) -> EvalResult:
         return evaluate_final_fedpft(self.cfg, self.run_dir, records)
+
+    def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        raise FinalModelError(
+            "FedPFT's final model is a sequence classifier (an encoder with a class head): it gives one "
+            "distribution over the run's classes per text, no next-token logits, so it cannot score the "
+            "log-likelihood of text; `fedtune eval RUN` scores it (accuracy, macro-F1)"
+        )
 
 
 def evaluate_final_fedpft(cfg: ExperimentConfig, run_dir: Path, records: Sequence[Record]) -> EvalResult:
