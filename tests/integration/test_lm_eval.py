@@ -38,7 +38,7 @@ def fedit_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfi
 
 def exported_docs(run_dir: Path, cfg: ExperimentConfig, name: str) -> list[dict[str, Any]]:
     final = load_adapter_model(cfg, run_dir)
-    directory = export_tasks(run_dir / "tasks-for-test", final.tokenizer, cfg.data.template)
+    directory = export_tasks(run_dir / "tasks-for-test", final.prompt)
     lines = (directory / "data" / f"{name}.jsonl").read_text().splitlines()[:DOCS]
     return [json.loads(line) for line in lines]
 
@@ -150,14 +150,25 @@ def test_every_methods_final_model_scores_a_task(
     assert 0.0 <= scores[TASK]["acc"] <= 1.0
 
 
-def test_fedpfts_classifier_is_refused_with_its_reason(
+def test_fedpfts_classifier_scores_its_class_task_as_its_own_accuracy_and_refuses_text(
     method_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    from fedtune.algorithms.fedpft.final import evaluate_final_fedpft
+    from fedtune.artifacts import run_config
+    from fedtune.data.builtin import load_builtin
+
     run_dir = method_run(method_runs, tmp_path_factory, "fedpft")
-    with pytest.raises(
-        FinalModelError, match=r"sequence classifier .* cannot score the log-likelihood of text"
-    ):
+    # 128 documents: the tiny classifier after one round gets a few right (5), so a mismatch would show
+    scores = run_harness(run_dir, ["fedtune-wordnet-lexclass"], max_examples=128)
+    records = load_builtin("wordnet-lexclass", "test")[:128]
+    own = evaluate_final_fedpft(run_config(run_dir), run_dir, records)
+
+    assert own.metrics["accuracy"] > 0
+    assert scores["fedtune-wordnet-lexclass"]["acc"] == pytest.approx(own.metrics["accuracy"])
+    with pytest.raises(FinalModelError, match="which is none of them: it scores only multiple-choice tasks"):
         run_harness(run_dir, [TASK], max_examples=2)
+    with pytest.raises(FinalModelError, match="does not generate text"):
+        run_harness(run_dir, ["fedtune-wordnet-instruct"], max_examples=2)
 
 
 def test_the_command_lists_tasks_scores_a_client_and_refuses_an_unknown_harness(

@@ -94,6 +94,8 @@ class FinalModel(ABC):
 
     generates: ClassVar[bool] = True
     """False for a model that scores but writes no text (e.g. a classifier)."""
+    classifies: ClassVar[bool] = False
+    """True for a classifier: it gives ``class_log_probs`` instead of ``labelled_logits``."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any) -> None:
         self.cfg = cfg
@@ -115,6 +117,16 @@ class FinalModel(ABC):
     def decoder(self) -> Decoder | None:
         """How to decode token by token (``stream``), or None for a model that only has ``generate``."""
         return None
+
+    def prompt(self, record: Record) -> str:
+        """The text the model reads before its answer to ``record``: the run's template applied."""
+        from fedtune.data.templates import build_prompt
+
+        return build_prompt(record, self.cfg.data.template, self.tokenizer)
+
+    def class_log_probs(self, texts: Sequence[str]) -> tuple[list[str], Tensor]:
+        """A classifier's (``classifies``) class names and each text's log-probabilities ``[B, C]``."""
+        raise FinalModelError(f"the final model of a {self.cfg.algorithm!r} run is no classifier")
 
     def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
         """Next-token logits ``[N, V]`` at the ``N`` positions ``t`` of ``batch`` (``input_ids``,

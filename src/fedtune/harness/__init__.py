@@ -54,9 +54,9 @@ def list_tasks() -> list[str]:
     return ours + [name for name in task_manager().all_tasks if name not in ours]
 
 
-def check_tasks(tasks: Sequence[str], known: Sequence[str]) -> None:
+def check_tasks(tasks: Sequence[str], known: Sequence[str], *, allow_empty: bool = False) -> None:
     """Refuse a task name lm-eval does not know, with the closest known one."""
-    if not tasks:
+    if not tasks and not allow_empty:
         raise HarnessError("--tasks is empty: name one or more tasks (`--tasks list` shows them)")
     for name in tasks:
         if name not in known:
@@ -81,12 +81,14 @@ def run_harness(
 
     from fedtune.artifacts import load_final
     from fedtune.harness.model import FedtuneLM
-    from fedtune.harness.tasks import builtin_task_names, export_tasks
+    from fedtune.harness.tasks import TASK_PREFIX, builtin_task_names, export_tasks
 
+    ours = builtin_task_names()
+    check_tasks([name for name in tasks if name.startswith(TASK_PREFIX)], ours, allow_empty=True)
     final = load_final(run_dir, variant, options)
     model = FedtuneLM(final=final, batch_size=batch_size or final.cfg.eval.batch_size)
-    include = export_tasks(run_dir / TASKS_DIR_NAME, final.tokenizer, final.cfg.data.template)
-    manager = task_manager(include, lm_eval_tasks=not set(tasks) <= set(builtin_task_names()))
+    include = export_tasks(run_dir / TASKS_DIR_NAME, final.prompt)
+    manager = task_manager(include, lm_eval_tasks=not set(tasks) <= set(ours))
     check_tasks(tasks, manager.all_tasks)
     output = lm_eval.simple_evaluate(
         model=model, tasks=list(tasks), task_manager=manager, limit=max_examples, log_samples=False

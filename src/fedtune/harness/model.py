@@ -25,7 +25,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import has_bos_prefix
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from fedtune.algorithms.final import FinalModel
+from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.decode.generate import cut_at_stop
 
 DEFAULT_MAX_LENGTH = 2048
@@ -60,10 +60,18 @@ class FedtuneLM(TemplateLM):
             final = load_final(Path(run_dir), variant, options)
         self.final = final
         self.tokenizer = final.tokenizer
-        if self.tokenizer is None:
+        if self.tokenizer is None and not final.classifies:
             final.labelled_logits({})  # a model without a tokenizer scores no text: it says why
         self.batch_size = int(batch_size)
         self.max_length = max_length or final.context_length() or DEFAULT_MAX_LENGTH
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """Each continuation's log-probability after its context (``TemplateLM``'s split and tokens);
+        for a classifier, the log-probability of the class the continuation names (`class_choices`)."""
+        if self.final.classifies:
+            return class_choices(self.final, [request.args for request in requests], self.batch_size)
+        scores: list[tuple[float, bool]] = super().loglikelihood(requests, disable_tqdm)
+        return scores
 
     # ----- tokenisation, as lm-eval's hf model -----------------------------------------------------
     @property
@@ -121,6 +129,8 @@ class FedtuneLM(TemplateLM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each text's whole log-likelihood after the prefix token, in disjoint windows of
         ``max_length`` tokens each with the most context (as lm-eval's hf model)."""
+        if self.final.classifies:
+            self.final.labelled_logits({})  # a classifier scores no text: it says why
         windows: list[TokenRequest] = []
         counts = []
         for (string,) in (request.args for request in requests):
@@ -161,6 +171,33 @@ class FedtuneLM(TemplateLM):
                     texts[index] = cut_at_stop(text, until)
                     self.cache_hook.add_partial("generate_until", requests[index].args, texts[index])
         return texts
+
+
+def class_choices(
+    final: FinalModel, pairs: Sequence[tuple[str, str]], batch_size: int
+) -> list[tuple[float, bool]]:
+    """A classifier's answers to ``(context, continuation)`` requests: ``log p(class | context)`` for
+    the class the continuation names (surrounding spaces ignored), and whether it is the top class.
+    Each context is classified once, however many choices ask about it."""
+    contexts = list(dict.fromkeys(context for context, _ in pairs))
+    log_probs: dict[str, Any] = {}
+    names: list[str] = []
+    for start in range(0, len(contexts), batch_size):
+        chunk = contexts[start : start + batch_size]
+        names, rows = final.class_log_probs(chunk)
+        log_probs.update(zip(chunk, rows, strict=True))
+    scores = []
+    for context, continuation in pairs:
+        name = continuation.strip()
+        if name not in names:
+            raise FinalModelError(
+                f"a {final.cfg.algorithm!r} run's final model is a classifier over {len(names)} classes "
+                f"({', '.join(names[:4])}, ...); the task asks for the log-likelihood of {continuation!r}, "
+                "which is none of them: it scores only multiple-choice tasks whose choices are its classes"
+            )
+        row = log_probs[context]
+        scores.append((float(row[names.index(name)]), int(row.argmax()) == names.index(name)))
+    return scores
 
 
 def truncated_pair(

@@ -1,24 +1,25 @@
 """fedtune's built-in test sets as lm-evaluation-harness tasks, offline.
 
-Each set has a task YAML in ``lm_eval_tasks/`` (``fedtune-<set>``, ``dataset_path: json``). ``export_tasks``
-writes a set's test split as a json file with every record's prompt under a run's template and
-tokenizer (so the harness sees what fedtune's own evaluation sees), and the YAMLs pointing at those
-files, into one directory: lm-eval's ``TaskManager(include_path=...)`` (or ``lm_eval --include_path``)
-then runs them without a hub. Multiple-choice sets score each choice's log-likelihood (``acc``,
-``acc_norm``); a classification set becomes multiple choice over its class names; generation sets are
-scored with fedtune's ROUGE-L, exact match and numeric accuracy (``lm_eval_tasks/utils.py``).
+Each set has a task YAML in ``lm_eval_tasks/`` (``fedtune-<set>``, ``dataset_path: json``).
+``export_tasks`` writes a set's test split as a json file with every record's prompt as a run's final
+model reads it (its template and tokenizer: the harness sees what fedtune's own evaluation sees), and
+the YAMLs pointing at those files, into one directory: lm-eval's ``TaskManager(include_path=...)`` (or
+``lm_eval --include_path``) then runs them without a hub. Multiple-choice sets score each choice's
+log-likelihood (``acc``, ``acc_norm``); a classification set becomes multiple choice over its class
+names; generation sets are scored with fedtune's ROUGE-L, exact match and numeric accuracy
+(``lm_eval_tasks/utils.py``).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedtune.data.builtin import builtin_info, load_builtin
 from fedtune.data.records import Record
-from fedtune.data.templates import TemplateName, build_prompt
 
 TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
 TASK_PREFIX = "fedtune-"
@@ -47,19 +48,17 @@ def task_row(record: Record, prompt: str, class_names: tuple[str, ...] | None) -
     return row
 
 
-def export_tasks(directory: Path, tokenizer: Any, template: TemplateName) -> Path:
-    """Every built-in set's test split (prompts under ``template``) and its task YAML in ``directory``
-    (made or refreshed), with ``utils.py`` beside them; returns ``directory``."""
+def export_tasks(directory: Path, prompt: Callable[[Record], str]) -> Path:
+    """Every built-in set's test split (each record's ``prompt``: e.g. ``FinalModel.prompt``, the run's
+    template) and its task YAML in ``directory`` (made or refreshed), with ``utils.py`` beside them;
+    returns ``directory``."""
     data_dir = directory / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     for task in builtin_task_names():
         name = task[len(TASK_PREFIX) :]
         info = builtin_info(name)
         class_names = info.categories if info.task == "classification" else None
-        rows = [
-            task_row(record, build_prompt(record, template, tokenizer), class_names)
-            for record in load_builtin(name, SPLIT)
-        ]
+        rows = [task_row(record, prompt(record), class_names) for record in load_builtin(name, SPLIT)]
         (data_dir / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         text = (TASKS_DIR / f"{task}.yaml").read_text()
         (directory / f"{task}.yaml").write_text(text.replace(DATA_PLACEHOLDER, str(data_dir.resolve())))
