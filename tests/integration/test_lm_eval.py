@@ -111,6 +111,20 @@ def test_an_unknown_task_is_refused_with_the_closest_name(fedit_run: tuple[Exper
         run_harness(run_dir, ["fedtune-wordnet-wc"], max_examples=2)
 
 
+def test_a_task_whose_data_is_unreachable_is_a_clear_error(
+    fedit_run: tuple[ExperimentConfig, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lm_eval
+
+    def offline(**kwargs: Any) -> None:
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)")
+
+    _, run_dir = fedit_run
+    monkeypatch.setattr(lm_eval, "simple_evaluate", offline)
+    with pytest.raises(HarnessError, match=r"ai2_arc' on the Hub .*fedtune-<set> tasks run offline"):
+        run_harness(run_dir, [TASK], max_examples=2)
+
+
 METHODS = [
     ("fedavgm", None, {}),
     ("fedbiot", "adapfu", {}),
@@ -148,6 +162,31 @@ def test_every_methods_final_model_scores_a_task(
     run_dir = method_run(method_runs, tmp_path_factory, method)
     scores = run_harness(run_dir, [TASK], max_examples=2, variant=variant, options=options)
     assert 0.0 <= scores[TASK]["acc"] <= 1.0
+
+
+def test_fedpts_proxy_scores_text_by_the_combined_logits_at_the_chosen_alpha(
+    method_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import torch
+
+    from fedtune.artifacts import load_final
+    from fedtune.harness.model import labelled_batch
+    from fedtune.proxy.arith import proxy_logits
+
+    run_dir = method_run(method_runs, tmp_path_factory, "fedpt")
+    final: Any = load_final(run_dir, "proxy", {"alpha": "2.0"})
+    model = FedtuneLM(final=final)
+    context, continuation = model.tok_encode("Define 'harbor'.\n"), model.tok_encode("a sheltered port")
+    ((score, _),) = model._loglikelihood_tokens([(("", ""), context, continuation)])
+    large, tuned, base = final.proxy.labelled_parts(labelled_batch([(context, continuation)], 0))
+    targets = torch.tensor(continuation)[:, None]
+
+    def summed(logits: torch.Tensor) -> float:
+        return float(torch.log_softmax(logits.float(), dim=-1).gather(-1, targets).sum())
+
+    width = final.proxy.vocab_width
+    assert score == pytest.approx(summed(proxy_logits(large, tuned, base, 2.0, width)), abs=1e-4)
+    assert score != pytest.approx(summed(large[:, :width]), abs=1e-3)  # the small models steer it
 
 
 def test_fedpfts_classifier_scores_its_class_task_as_its_own_accuracy_and_refuses_text(

@@ -90,9 +90,15 @@ def run_harness(
     include = export_tasks(run_dir / TASKS_DIR_NAME, final.prompt)
     manager = task_manager(include, lm_eval_tasks=not set(tasks) <= set(ours))
     check_tasks(tasks, manager.all_tasks)
-    output = lm_eval.simple_evaluate(
-        model=model, tasks=list(tasks), task_manager=manager, limit=max_examples, log_samples=False
-    )
+    try:
+        output = lm_eval.simple_evaluate(
+            model=model, tasks=list(tasks), task_manager=manager, limit=max_examples, log_samples=False
+        )
+    except ConnectionError as exc:
+        raise HarnessError(
+            f"--tasks {','.join(tasks)}: a task's data is not here ({exc}); lm-eval's own tasks need the "
+            "hub once (the datasets cache keeps them), fedtune-<set> tasks run offline"
+        ) from None
     scores = task_scores(output["results"])
     summary = {
         "harness": "lm-eval",
