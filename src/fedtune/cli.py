@@ -196,6 +196,8 @@ def evaluate(
 
     options = _options(option) | ({"client": client} if client else {})
     if harness is not None:
+        if split is not None:
+            _fail(ValueError("--split is for fedtune's own evaluation: lm-eval tasks name their split"))
         _evaluate_harness(run_dir, harness, tasks, max_examples, variant, options)
         return
     if tasks is not None:

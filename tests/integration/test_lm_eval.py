@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed
 from lm_eval.api.instance import Instance
 
 from fedtune.algorithms.final import FinalModelError, load_adapter_model
-from fedtune.harness import RESULTS_FILE, HarnessError, run_harness
+from fedtune.harness import RESULTS_FILE, TASKS_DIR_NAME, HarnessError, run_harness
 from fedtune.harness.model import FedtuneLM
 from fedtune.harness.tasks import export_tasks
 
@@ -38,7 +38,7 @@ def fedit_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentConfi
 
 def exported_docs(run_dir: Path, cfg: ExperimentConfig, name: str) -> list[dict[str, Any]]:
     final = load_adapter_model(cfg, run_dir)
-    directory = export_tasks(run_dir / "tasks-for-test", final.prompt)
+    directory = export_tasks(run_dir / "tasks-for-test", final.prompt, [f"fedtune-{name}"])
     lines = (directory / "data" / f"{name}.jsonl").read_text().splitlines()[:DOCS]
     return [json.loads(line) for line in lines]
 
@@ -95,6 +95,8 @@ def test_the_choice_task_equals_fedtunes_own_choice_accuracy(
     assert scores[TASK]["acc_norm"] == pytest.approx(own.metrics["acc_norm"])
     saved = json.loads((run_dir / RESULTS_FILE).read_text())
     assert saved["scores"] == scores and saved["max_examples"] == DOCS
+    exported = {path.name for path in (run_dir / TASKS_DIR_NAME).glob("*.yaml")}
+    assert f"{TASK}.yaml" in exported and "fedtune-stdlib-code.yaml" not in exported  # only those asked for
 
 
 def test_a_generation_task_scores_with_fedtunes_metrics(fedit_run: tuple[ExperimentConfig, Path]) -> None:
@@ -224,6 +226,9 @@ def test_the_command_lists_tasks_scores_a_client_and_refuses_an_unknown_harness(
         app, ["eval", str(run_dir), "--harness", "lm-eval", "--tasks", TASK, "--max-examples", "2"]
     )
     unknown = runner.invoke(app, ["eval", str(run_dir), "--harness", "helm", "--tasks", TASK])
+    split = runner.invoke(
+        app, ["eval", str(run_dir), "--harness", "lm-eval", "--tasks", TASK, "--split", "x"]
+    )
     client = runner.invoke(
         app, ["eval", str(run_dir), "--harness", "lm-eval", "--tasks", TASK, "--client", "c01"]
     )
@@ -232,4 +237,5 @@ def test_the_command_lists_tasks_scores_a_client_and_refuses_an_unknown_harness(
     assert "hellaswag" in listed.stdout.splitlines()  # lm-eval's own tasks pass through by name
     assert scored.exit_code == 0 and "acc_norm" in scored.stdout
     assert unknown.exit_code == 2 and "the one harness is lm-eval" in unknown.output
+    assert split.exit_code == 2 and "lm-eval tasks name their split" in split.output
     assert client.exit_code == 2 and "has no option client" in client.output

@@ -87,7 +87,7 @@ def run_harness(
     check_tasks([name for name in tasks if name.startswith(TASK_PREFIX)], ours, allow_empty=True)
     final = load_final(run_dir, variant, options)
     model = FedtuneLM(final=final, batch_size=batch_size or final.cfg.eval.batch_size)
-    include = export_tasks(run_dir / TASKS_DIR_NAME, final.prompt)
+    include = export_tasks(run_dir / TASKS_DIR_NAME, final.prompt, tasks)
     manager = task_manager(include, lm_eval_tasks=not set(tasks) <= set(ours))
     check_tasks(tasks, manager.all_tasks)
     try:

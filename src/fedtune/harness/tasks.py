@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +48,16 @@ def task_row(record: Record, prompt: str, class_names: tuple[str, ...] | None) -
     return row
 
 
-def export_tasks(directory: Path, prompt: Callable[[Record], str]) -> Path:
-    """Every built-in set's test split (each record's ``prompt``: e.g. ``FinalModel.prompt``, the run's
-    template) and its task YAML in ``directory`` (made or refreshed), with ``utils.py`` beside them;
-    returns ``directory``."""
+def export_tasks(
+    directory: Path, prompt: Callable[[Record], str], tasks: Sequence[str] | None = None
+) -> Path:
+    """The built-in sets' test splits (each record's ``prompt``: e.g. ``FinalModel.prompt``, the run's
+    template) and their task YAMLs in ``directory`` (made or refreshed), with ``utils.py`` beside them:
+    those of ``tasks`` (``fedtune-<set>`` names; others are skipped), or all. Returns ``directory``."""
     data_dir = directory / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    for task in builtin_task_names():
+    ours = builtin_task_names()
+    for task in ours if tasks is None else [name for name in ours if name in tasks]:
         name = task[len(TASK_PREFIX) :]
         info = builtin_info(name)
         class_names = info.categories if info.task == "classification" else None
