@@ -99,6 +99,26 @@ def test_the_choice_task_equals_fedtunes_own_choice_accuracy(
     assert f"{TASK}.yaml" in exported and "fedtune-stdlib-code.yaml" not in exported  # only those asked for
 
 
+def test_lm_eval_builds_the_registered_fedtune_model_from_its_arguments(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path
+) -> None:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    cfg, run_dir = fedit_run
+    include = export_tasks(tmp_path, load_adapter_model(cfg, run_dir).prompt, [TASK])
+    output = lm_eval.simple_evaluate(
+        model="fedtune",
+        model_args=f"run_dir={run_dir}",
+        tasks=[TASK],
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        limit=2,
+        device="cpu",
+        batch_size="auto",
+    )
+    assert output is not None and 0.0 <= output["results"][TASK]["acc,none"] <= 1.0
+
+
 def test_a_generation_task_scores_with_fedtunes_metrics(fedit_run: tuple[ExperimentConfig, Path]) -> None:
     _, run_dir = fedit_run
     scores = run_harness(run_dir, ["fedtune-arith-word-problems"], max_examples=2)

@@ -39,7 +39,9 @@ TokenRequest = tuple[tuple[str, str], list[int], list[int]]
 @register_model("fedtune")
 class FedtuneLM(TemplateLM):
     """``final`` (a loaded final model) or ``run_dir`` (+ ``variant`` and the method's final options,
-    e.g. ``client=c01`` or ``alpha=0.5``), scored ``batch_size`` sequences at a time."""
+    e.g. ``client=c01`` or ``alpha=0.5``), scored ``batch_size`` sequences at a time (``auto``: 8).
+    The run's ``model.device`` places the model: lm-eval's ``device`` and ``max_batch_size`` are
+    taken and not used."""
 
     def __init__(
         self,
@@ -48,6 +50,8 @@ class FedtuneLM(TemplateLM):
         batch_size: int | str = 8,
         max_length: int | None = None,
         final: FinalModel | None = None,
+        device: str | None = None,
+        max_batch_size: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
@@ -62,7 +66,7 @@ class FedtuneLM(TemplateLM):
         self.tokenizer = final.tokenizer
         if self.tokenizer is None and not final.classifies:
             final.labelled_logits({})  # a model without a tokenizer scores no text: it says why
-        self.batch_size = int(batch_size)
+        self.batch_size = 8 if batch_size == "auto" else int(batch_size)
         self.max_length = max_length or final.context_length() or DEFAULT_MAX_LENGTH
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
