@@ -180,13 +180,31 @@ def evaluate(
     max_examples: Annotated[int | None, typer.Option(help="evaluate on at most N examples")] = None,
     variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
     option: Annotated[list[str] | None, typer.Option(help=OPTION_HELP)] = None,
+    harness: Annotated[
+        str | None, typer.Option(help="lm-eval: score with EleutherAI's lm-evaluation-harness instead")
+    ] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help="with --harness: T1,T2 (fedtune-<set> or any lm-eval task); 'list'")
+    ] = None,
+    client: Annotated[
+        str | None, typer.Option(help="a client's personal model (PerFIT): --option client=")
+    ] = None,
 ) -> None:
-    """Evaluate the final model of a run; writes eval.json in the run directory."""
+    """Evaluate the final model of a run; writes eval.json in the run directory (eval-lm-eval.json
+    with --harness lm-eval)."""
     from fedtune.artifacts import evaluate_run
 
+    options = _options(option) | ({"client": client} if client else {})
+    if harness is not None:
+        if split is not None:
+            _fail(ValueError("--split is for fedtune's own evaluation: lm-eval tasks name their split"))
+        _evaluate_harness(run_dir, harness, tasks, max_examples, variant, options)
+        return
+    if tasks is not None:
+        _fail(ValueError("--tasks goes with --harness lm-eval"))
     try:
         result = evaluate_run(
-            run_dir, split=split, max_examples=max_examples, variant=variant, options=_options(option)
+            run_dir, split=split, max_examples=max_examples, variant=variant, options=options
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)
@@ -195,6 +213,37 @@ def evaluate(
     table.add_column("value", justify="right")
     for metric, value in result.metrics.items():
         table.add_row(metric, f"{value:.4f}")
+    out.print(table)
+
+
+def _evaluate_harness(
+    run_dir: Path,
+    harness: str,
+    tasks: str | None,
+    max_examples: int | None,
+    variant: str | None,
+    options: dict[str, str],
+) -> None:
+    from fedtune.harness import list_tasks, run_harness
+
+    if harness != "lm-eval":
+        _fail(ValueError(f"--harness {harness!r}: the one harness is lm-eval"))
+    names = [name.strip() for name in (tasks or "").split(",") if name.strip()]
+    try:
+        if names == ["list"]:
+            print("\n".join(list_tasks()))
+            return
+        scores = run_harness(run_dir, names, max_examples=max_examples, variant=variant, options=options)
+    except EXPECTED_ERRORS as exc:
+        _fail(exc)
+    table = Table(title=f"{run_dir}: final model, lm-eval")
+    for column in ("task", "metric", "value", "stderr"):
+        table.add_column(column, justify="right" if column in ("value", "stderr") else "left")
+    for task, metrics in scores.items():
+        for metric, value in metrics.items():
+            if not metric.endswith("_stderr"):
+                stderr = metrics.get(f"{metric}_stderr")
+                table.add_row(task, metric, f"{value:.4f}", "" if stderr is None else f"{stderr:.4f}")
     out.print(table)
 
 

@@ -26,6 +26,8 @@ from fedtune.eval.evaluate import EvalResult, evaluate_lm
 from fedtune.resources import Resources, model_spec
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from fedtune.decode.generate import StepFn
 
 ADAPTER_DIR = "adapter"
@@ -92,6 +94,8 @@ class FinalModel(ABC):
 
     generates: ClassVar[bool] = True
     """False for a model that scores but writes no text (e.g. a classifier)."""
+    classifies: ClassVar[bool] = False
+    """True for a classifier: it gives ``class_log_probs`` instead of ``labelled_logits``."""
 
     def __init__(self, cfg: ExperimentConfig, tokenizer: Any) -> None:
         self.cfg = cfg
@@ -113,6 +117,26 @@ class FinalModel(ABC):
     def decoder(self) -> Decoder | None:
         """How to decode token by token (``stream``), or None for a model that only has ``generate``."""
         return None
+
+    def prompt(self, record: Record) -> str:
+        """The text the model reads before its answer to ``record``: the run's template applied."""
+        from fedtune.data.templates import build_prompt
+
+        return build_prompt(record, self.cfg.data.template, self.tokenizer)
+
+    def class_log_probs(self, texts: Sequence[str]) -> tuple[list[str], Tensor]:
+        """A classifier's (``classifies``) class names and each text's log-probabilities ``[B, C]``."""
+        raise FinalModelError(f"the final model of a {self.cfg.algorithm!r} run is no classifier")
+
+    def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """Next-token logits ``[N, V]`` at the ``N`` positions ``t`` of ``batch`` (``input_ids``,
+        ``attention_mask``, ``labels``, each ``[B, T]``) with ``labels[t + 1] != -100``, in row-major
+        order (``train.losses.labelled_logits``): what scoring text by its log-likelihood needs
+        (``fedtune eval --harness lm-eval``). A model that does not give them says why."""
+        raise FinalModelError(
+            f"the final model of a {self.cfg.algorithm!r} run gives no next-token logits, so it cannot "
+            "score the log-likelihood of text"
+        )
 
     def context_length(self) -> int | None:
         """The most tokens (prompt and continuation) the model takes, or None where none is known."""
@@ -175,6 +199,15 @@ class CausalLMModel(FinalModel):
         from fedtune.decode.generate import context_length
 
         return context_length(self.model)
+
+    def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        from fedtune.decode.generate import evaluating, model_device
+        from fedtune.train.losses import labelled_logits
+
+        device = model_device(self.model)
+        with evaluating(self.model):
+            logits, _ = labelled_logits(self.model, {key: value.to(device) for key, value in batch.items()})
+        return logits
 
     def decoder(self) -> Decoder:
         from fedtune.decode.generate import eos_token_ids, model_device, model_step_fn

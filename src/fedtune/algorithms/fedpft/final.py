@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from fedtune.algorithms.exporting import Exported
 from fedtune.algorithms.fedpft.wire import HEAD_PREFIXES, tuned_parameters, with_lora
@@ -14,10 +15,13 @@ from fedtune.algorithms.final import FinalModel, FinalModelError
 from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
     ClassExample,
+    class_logits,
     class_names,
     classification_batches,
     classification_metrics,
+    collate_classification,
     encode_classification,
+    encode_example,
     predict_classes,
 )
 from fedtune.data.records import Record
@@ -101,6 +105,7 @@ class ClassifierModel(FinalModel):
     """A finished FedPFT run's output: the full classifier with the final LoRA + head plugged in."""
 
     generates = False
+    classifies = True
 
     def __init__(self, cfg: ExperimentConfig, run_dir: Path) -> None:
         tuned_file = run_dir / "artifacts" / TUNED_FILE
@@ -110,9 +115,39 @@ class ClassifierModel(FinalModel):
             )
         super().__init__(cfg, tokenizer=None)
         self.run_dir = run_dir
+        self._loaded: tuple[Any, Any, list[str]] | None = None
 
     def evaluate(self, records: list[Record]) -> EvalResult:
         return evaluate_final_fedpft(self.cfg, self.run_dir, records)
+
+    def prompt(self, record: Record) -> str:
+        """What the classifier reads: the record's text (a pair record's two texts on two lines, one
+        segment, where training gave them two)."""
+        return f"{record.instruction}\n{record.input}" if record.input else record.instruction
+
+    def class_log_probs(self, texts: Sequence[str]) -> tuple[list[str], Tensor]:
+        """The run's class names and each text's log-probabilities over them, encoded as training does."""
+        if self._loaded is None:
+            from fedtune.rundata import prepare_data
+
+            self._loaded = load_final_fedpft(self.cfg, self.run_dir, prepare_data(self.cfg).eval_records)
+        model, tokenizer, names = self._loaded
+        examples = [
+            encode_example(Record(text, names[0]), tokenizer, 0, self.cfg.data.max_length) for text in texts
+        ]
+        batch = collate_classification(examples, int(tokenizer.pad_token_id or 0))
+        device = next(model.parameters()).device
+        with torch.inference_mode():
+            logits = class_logits(model.eval(), {key: value.to(device) for key, value in batch.items()})
+        return names, torch.log_softmax(logits.float(), dim=-1)
+
+    def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        raise FinalModelError(
+            "FedPFT's final model is a sequence classifier (an encoder with a class head): it gives one "
+            "distribution over the run's classes per text, no next-token logits, so it cannot score the "
+            "log-likelihood of text; it scores multiple-choice tasks whose choices are its class names "
+            "(fedtune-wordnet-lexclass), and `fedtune eval RUN` scores it (accuracy, macro-F1)"
+        )
 
 
 def evaluate_final_fedpft(cfg: ExperimentConfig, run_dir: Path, records: Sequence[Record]) -> EvalResult:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.nn.functional as F
+from torch import Tensor
 
 from fedtune.algorithms.final import (
     ADAPTER_DIR,
@@ -189,6 +190,12 @@ class ProxyModel(FinalModel):
         limits = (context_length(self.proxy.small), getattr(self.proxy.large, "max_model_len", None))
         known = [limit for limit in limits if limit is not None]
         return min(known) if known else None
+
+    def labelled_logits(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """The proxy's logits ``z_large + alpha * (z_tuned - z_base)`` over the shared vocabulary, at the
+        run's (or ``--option``'s) alpha: log-likelihoods of text under the proxy-tuned model."""
+        logits: Tensor = self.proxy.labelled_logits(batch)
+        return logits
 
     def decoder(self) -> Decoder:
         """Proxy-tuned decoding step by step: the large, tuned and base small models' logits combined."""
