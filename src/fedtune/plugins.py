@@ -116,9 +116,11 @@ def config_class(name: str) -> Any:
     when the group ``fedtune.algorithm_configs`` names it."""
     if name in _registered:
         return _registered[name].Config  # type: ignore[attr-defined]
+    if name in _loaded_configs:
+        return _loaded_configs[name]
     config_target = _targets(CONFIG_GROUP, BUILTIN_CONFIGS).get(name)
     if config_target is None or name not in _targets():
-        return algorithm_class(name).Config
-    if name not in _loaded_configs:
+        _loaded_configs[name] = algorithm_class(name).Config
+    else:
         _loaded_configs[name] = _load(config_target)
     return _loaded_configs[name]
