@@ -174,6 +174,14 @@ BENCHMARKS: dict[str, Benchmark] = {
         "steps, per learning rate",
         "the full model's hidden state (1.0: no closer than a zero vector)",
     ),
+    "cli-startup": Benchmark(
+        "cli_startup",
+        "cli-startup",
+        "the CPU and wall seconds of `fedtune` commands that need no model (--help, run --help, a misspelt "
+        "config key, models list, data list), each a fresh process",
+        "the same commands from another source tree (--baseline-src: an older commit's src/)",
+        "< 1 s of CPU each",
+    ),
     "serve-load": Benchmark(
         "serve_load",
         "serve-load",

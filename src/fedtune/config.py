@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from fedtune.data.builtin import list_builtin
 from fedtune.data.records import ROW_FIELDS
-from fedtune.plugins import algorithm_class, algorithm_names
+from fedtune.plugins import algorithm_names, config_class
 
 
 class ConfigError(ValueError):
@@ -423,7 +423,7 @@ class ExperimentConfig(Section):
         problems = _top_level_problems(raw, algorithm)
         if problems:
             raise _problems(problems)
-        section_class = algorithm_class(algorithm).Config
+        section_class = config_class(algorithm)
         given = raw.get(algorithm)
         if not isinstance(given, section_class):
             try:

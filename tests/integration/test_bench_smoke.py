@@ -326,3 +326,15 @@ def test_p9_smoke_counts_the_flops_of_a_lora_step(tmp_path: Path) -> None:
     assert lora_mfu.peak_tflops("NVIDIA L40S", None) is None
     assert lora_mfu.peak_tflops("NVIDIA L4", None) == 121.0
     assert lora_mfu.peak_tflops("cpu", 1.5) == 1.5
+
+
+def test_cli_startup_smoke_times_every_command(tmp_path: Path) -> None:
+    cli_startup = _load("cli_startup")
+    record = cli_startup.main(["--smoke", "--results-dir", str(tmp_path)])
+    assert (tmp_path / "cli-startup.smoke.md").read_text().startswith("| command |")
+    saved = json.loads((tmp_path / "cli-startup.smoke.json").read_text())
+    assert saved["smoke"] is True and saved["repeats"] == 1 and set(saved["sources"]) == {"this"}
+    timed = record["results"]["this"]
+    assert set(timed) == set(cli_startup.COMMANDS)
+    for label, numbers in timed.items():
+        assert _positive(numbers["median_cpu_s"]) and _positive(numbers["median_wall_s"]), label

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from fedtune.proxy.http_source import APIUsage, check_api_url, fill_residual, is_api_url
+from fedtune.proxy.api_url import check_api_url, is_api_url
+from fedtune.proxy.http_source import APIUsage, fill_residual
 from fedtune.serve.launch import BindRefused, check_bind, is_loopback
 
 

@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpcore
 import httpx
@@ -62,6 +61,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fedtune.decode.generate import StepFn
 from fedtune.errors import RunError
+from fedtune.proxy.api_url import check_api_url
 from fedtune.proxy.vocab import VocabMismatch
 
 T = TypeVar("T")
@@ -145,28 +145,6 @@ def checked_prompt(positions: Sequence[Any], tokens: Sequence[int], width: int) 
             )
         rows.append(row)
     return rows
-
-
-def is_api_url(value: str) -> bool:
-    """Whether ``value`` names an HTTP API rather than a model (``fedpt.large_model``)."""
-    return "://" in value
-
-
-def check_api_url(value: str) -> str:
-    """``value`` as an API base URL (``http(s)://host[:port][/path]``, no query), without a trailing slash;
-    a ``ValueError`` saying what is wrong (without repeating ``value``) otherwise."""
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("an API URL starts with http:// or https://")
-    if not parts.hostname:
-        raise ValueError("the URL names no host; e.g. http://127.0.0.1:8000/v1")
-    try:
-        parts.port  # noqa: B018 (parsing the port raises for a bad one)
-    except ValueError:
-        raise ValueError("the URL has a bad port") from None
-    if parts.query or parts.fragment:
-        raise ValueError("an API URL takes no query or fragment")
-    return value.rstrip("/")
 
 
 _deadline = threading.local()

@@ -62,11 +62,16 @@ Choices where the paper is silent, and deviations:
   the initial distillation has its own.
 """
 
-from fedtune.algorithms.fedbiot.config import FedBiOTConfig
-from fedtune.algorithms.fedbiot.final import load_final_fedbiot
-from fedtune.algorithms.fedbiot.maths import AlignStats, align_emulator, make_split
-from fedtune.algorithms.fedbiot.server import FedBiOT
-from fedtune.fl.broadcast import ClientCacheMiss
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.fedbiot.config import FedBiOTConfig
+    from fedtune.algorithms.fedbiot.final import load_final_fedbiot
+    from fedtune.algorithms.fedbiot.maths import AlignStats, align_emulator, make_split
+    from fedtune.algorithms.fedbiot.server import FedBiOT
+    from fedtune.fl.broadcast import ClientCacheMiss
 
 __all__ = [
     "AlignStats",
@@ -77,3 +82,17 @@ __all__ = [
     "load_final_fedbiot",
     "make_split",
 ]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "AlignStats": "fedtune.algorithms.fedbiot.maths",
+        "ClientCacheMiss": "fedtune.fl.broadcast",
+        "FedBiOT": "fedtune.algorithms.fedbiot.server",
+        "FedBiOTConfig": "fedtune.algorithms.fedbiot.config",
+        "align_emulator": "fedtune.algorithms.fedbiot.maths",
+        "load_final_fedbiot": "fedtune.algorithms.fedbiot.final",
+        "make_split": "fedtune.algorithms.fedbiot.maths",
+    },
+)

@@ -45,8 +45,25 @@ Choices where the paper is silent, and deviations:
 - The top-k is taken over the tokenizer's ids only (padded embedding rows name no token).
 """
 
-from fedtune.algorithms.fedmkt.config import FedMKTConfig
-from fedtune.algorithms.fedmkt.maths import dual_min_ce, mixed_loss, soft_target_ce
-from fedtune.algorithms.fedmkt.server import FedMKT
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.fedmkt.config import FedMKTConfig
+    from fedtune.algorithms.fedmkt.maths import dual_min_ce, mixed_loss, soft_target_ce
+    from fedtune.algorithms.fedmkt.server import FedMKT
 
 __all__ = ["FedMKT", "FedMKTConfig", "dual_min_ce", "mixed_loss", "soft_target_ce"]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "FedMKT": "fedtune.algorithms.fedmkt.server",
+        "FedMKTConfig": "fedtune.algorithms.fedmkt.config",
+        "dual_min_ce": "fedtune.algorithms.fedmkt.maths",
+        "mixed_loss": "fedtune.algorithms.fedmkt.maths",
+        "soft_target_ce": "fedtune.algorithms.fedmkt.maths",
+    },
+)

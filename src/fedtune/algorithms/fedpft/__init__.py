@@ -79,7 +79,21 @@ Choices where the paper is silent, and deviations:
   replace its result.
 """
 
-from fedtune.algorithms.fedpft.config import FedPFTConfig
-from fedtune.algorithms.fedpft.server import FedPFT
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.fedpft.config import FedPFTConfig
+    from fedtune.algorithms.fedpft.server import FedPFT
 
 __all__ = ["FedPFT", "FedPFTConfig"]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "FedPFT": "fedtune.algorithms.fedpft.server",
+        "FedPFTConfig": "fedtune.algorithms.fedpft.config",
+    },
+)

@@ -40,9 +40,27 @@ Layout: ``config`` (the ``fedpt:`` section), ``maths`` (eq. 5 and the teacher's 
 the alpha search), ``final`` (the proxy-tuned LM a finished run is loaded as).
 """
 
-from fedtune.algorithms.fedpt.config import FedPTConfig
-from fedtune.algorithms.fedpt.final import ProxyModel, evaluate_proxy, load_proxy_model
-from fedtune.algorithms.fedpt.maths import kd_loss
-from fedtune.algorithms.fedpt.server import FedPT
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.fedpt.config import FedPTConfig
+    from fedtune.algorithms.fedpt.final import ProxyModel, evaluate_proxy, load_proxy_model
+    from fedtune.algorithms.fedpt.maths import kd_loss
+    from fedtune.algorithms.fedpt.server import FedPT
 
 __all__ = ["FedPT", "FedPTConfig", "ProxyModel", "evaluate_proxy", "kd_loss", "load_proxy_model"]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "FedPT": "fedtune.algorithms.fedpt.server",
+        "FedPTConfig": "fedtune.algorithms.fedpt.config",
+        "ProxyModel": "fedtune.algorithms.fedpt.final",
+        "evaluate_proxy": "fedtune.algorithms.fedpt.final",
+        "kd_loss": "fedtune.algorithms.fedpt.maths",
+        "load_proxy_model": "fedtune.algorithms.fedpt.final",
+    },
+)

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from fedtune.config import AlgorithmConfig
-from fedtune.proxy.http_source import check_api_url, is_api_url
+from fedtune.proxy.api_url import check_api_url, is_api_url
 
 SearchMetric = Literal[
     "rougeL", "dist3", "dist4", "exact_match", "numeric_accuracy", "pass_at_1", "perplexity"

@@ -33,7 +33,8 @@ from fedtune.data.templates import TemplateName
 from fedtune.eval.evaluate import EvalResult, evaluate_generations, perplexity_batches
 from fedtune.eval.metrics import perplexity_from_nll
 from fedtune.models.lora import load_adapter
-from fedtune.proxy.http_source import API_KEY_ENV, HTTPLogitSource, HTTPSettings, is_api_url
+from fedtune.proxy.api_url import is_api_url
+from fedtune.proxy.http_source import API_KEY_ENV, HTTPLogitSource, HTTPSettings
 from fedtune.proxy.source import LocalLogitSource, LogitSource
 from fedtune.resources import Resources, model_spec
 

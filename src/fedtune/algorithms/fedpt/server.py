@@ -49,7 +49,8 @@ from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.modelcard import base_model_of, save_peft_adapter
 from fedtune.models.lora import adapter_arrays, load_adapter
-from fedtune.proxy.http_source import APIUsage, api_usage, is_api_url
+from fedtune.proxy.api_url import is_api_url
+from fedtune.proxy.http_source import APIUsage, api_usage
 from fedtune.proxy.source import LogitSource
 from fedtune.proxy.vocab import shared_vocab_size
 from fedtune.train.teacher_cache import TeacherCache

@@ -45,19 +45,24 @@ Layout: ``config`` (the ``perfit:`` section), ``maths`` (ranks, budgets, importa
 update and evaluation: everything a client holds), ``server`` (masks, rounds, Alg. 3).
 """
 
-from fedtune.algorithms.perfit.config import Importance, PerFITConfig
-from fedtune.algorithms.perfit.maths import (
-    expanded_rank,
-    importance_scores,
-    keep_schedule,
-    kept_count,
-    local_gradients,
-    search_masks,
-    symmetric_init,
-    top_entries,
-)
-from fedtune.algorithms.perfit.server import PerFIT
-from fedtune.algorithms.perfit.wire import MASK, VALUES
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.perfit.config import Importance, PerFITConfig
+    from fedtune.algorithms.perfit.maths import (
+        expanded_rank,
+        importance_scores,
+        keep_schedule,
+        kept_count,
+        local_gradients,
+        search_masks,
+        symmetric_init,
+        top_entries,
+    )
+    from fedtune.algorithms.perfit.server import PerFIT
+    from fedtune.algorithms.perfit.wire import MASK, VALUES
 
 __all__ = [
     "MASK",
@@ -74,3 +79,23 @@ __all__ = [
     "symmetric_init",
     "top_entries",
 ]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Importance": "fedtune.algorithms.perfit.config",
+        "MASK": "fedtune.algorithms.perfit.wire",
+        "PerFIT": "fedtune.algorithms.perfit.server",
+        "PerFITConfig": "fedtune.algorithms.perfit.config",
+        "VALUES": "fedtune.algorithms.perfit.wire",
+        "expanded_rank": "fedtune.algorithms.perfit.maths",
+        "importance_scores": "fedtune.algorithms.perfit.maths",
+        "keep_schedule": "fedtune.algorithms.perfit.maths",
+        "kept_count": "fedtune.algorithms.perfit.maths",
+        "local_gradients": "fedtune.algorithms.perfit.maths",
+        "search_masks": "fedtune.algorithms.perfit.maths",
+        "symmetric_init": "fedtune.algorithms.perfit.maths",
+        "top_entries": "fedtune.algorithms.perfit.maths",
+    },
+)

@@ -1,14 +1,4 @@
-"""FedAvgM: FedAvg with server momentum on the LoRA adapter (Hsu, Qi and Brown, 2019).
-
-The worked example of docs/adding-a-method.md: one config class, one pure function for the
-maths, one small class that reuses FedIT's client task and helpers. Round t: the sampled clients
-train the global adapter x_t locally (FedIT's ``fit`` task); the server averages their adapters
-weighted by example count, then takes a momentum step on the pseudo-gradient
-
-    g_t = x_t - avg_t;   v_t = beta * v_{t-1} + g_t;   x_{t+1} = x_t - lr * v_t
-
-With ``momentum: 0`` and ``server_lr: 1`` this is exactly FedIT (FedAvg).
-"""
+"""FedAvgM's rounds: FedIT's client task, then a momentum step on the averaged adapter."""
 
 from __future__ import annotations
 
@@ -16,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
 from fedtune.algorithms.adapters import (
     ADAPTER,
@@ -26,37 +15,11 @@ from fedtune.algorithms.adapters import (
     fit_round_result,
 )
 from fedtune.algorithms.base import Algorithm, RoundResult
-from fedtune.config import AlgorithmConfig
+from fedtune.algorithms.fedavgm.config import FedAvgMConfig
+from fedtune.algorithms.fedavgm.maths import momentum_step
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
-
-
-class FedAvgMConfig(AlgorithmConfig):
-    """Server momentum ``momentum`` (beta) and server learning rate ``server_lr``."""
-
-    dp_refused = None  # every client-dependent change of the model goes through Algorithm.aggregate
-
-    momentum: float = Field(0.9, ge=0, lt=1)
-    server_lr: float = Field(1.0, gt=0)
-
-
-def momentum_step(
-    current: Mapping[str, np.ndarray],
-    average: Mapping[str, np.ndarray],
-    velocity: Mapping[str, np.ndarray],
-    *,
-    lr: float,
-    momentum: float,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """One server step; returns ``(x_{t+1}, v_t)``. All arrays keyed alike; float64 maths, dtypes kept."""
-    new_state, new_velocity = {}, {}
-    for key, x in current.items():
-        pseudo_gradient = x.astype(np.float64) - average[key].astype(np.float64)
-        v = momentum * velocity[key].astype(np.float64) + pseudo_gradient
-        new_velocity[key] = v.astype(x.dtype)
-        new_state[key] = (x.astype(np.float64) - lr * v).astype(x.dtype)
-    return new_state, new_velocity
 
 
 class FedAvgM(Algorithm[FedAvgMConfig]):

@@ -1,15 +1,4 @@
-"""FedIT: federated instruction tuning = FedAvg of LoRA adapters (Zhang et al.), with FedProx.
-
-Round: sample clients; each loads the global adapter into the shared base model, runs E local
-epochs of response-only SFT and returns its adapter and example count; the server averages
-adapters weighted by example count and takes a server step (lr 1 = plain FedAvg).
-
-Run modes (``fed.mode``): ``federated``; ``standalone`` (each client keeps and trains its own
-adapter, nothing is aggregated; a client starts from the initial adapter the first time it is
-sampled; evaluation is a client task -- each client evaluates its own adapter -- averaged over the
-clients that hold one); ``centralized`` (the runner gives the union of client data to a single
-client).
-"""
+"""FedIT's rounds: FedAvg (server step, FedProx) of LoRA adapters, standalone and centralized modes."""
 
 from __future__ import annotations
 
@@ -17,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
 from fedtune.algorithms.adapters import (
     ADAPTER,
@@ -28,22 +16,11 @@ from fedtune.algorithms.adapters import (
     fit_round_result,
 )
 from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, personal_reply
-from fedtune.config import AlgorithmConfig
+from fedtune.algorithms.fedit.config import FedITConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet, mean_results, payload_result, result_payload
 from fedtune.fl.aggregate import server_step
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
-
-
-class FedITConfig(AlgorithmConfig):
-    """FedIT = FedAvg of LoRA states weighted by example count; FedProx when ``prox_mu > 0``."""
-
-    modes = ("federated", "standalone", "centralized")
-    personal_eval = True
-    dp_refused = None  # every client-dependent change of the model goes through Algorithm.aggregate
-
-    prox_mu: float = Field(0.0, ge=0)
-    server_lr: float = Field(1.0, gt=0)
 
 
 class FedIT(Algorithm[FedITConfig]):
