@@ -33,6 +33,9 @@ def test_same_seed_same_metrics_and_state(algorithm: str, tmp_path: Path) -> Non
     state_a = load_checkpoint(latest_checkpoint(tmp_path / "a"))  # type: ignore[arg-type]
     state_b = load_checkpoint(latest_checkpoint(tmp_path / "b"))  # type: ignore[arg-type]
     assert_trees_equal(state_a["algorithm"], state_b["algorithm"])
+    # Every peft adapter the run leaves names its base model (a null one does not load elsewhere).
+    for saved in (tmp_path / "a" / "artifacts").rglob("adapter_config.json"):
+        assert json.loads(saved.read_text())["base_model_name_or_path"], saved
     # The finished run's final model, through the method's own hook: it scores test records, or the
     # method says why it has no single final model.
     try:

@@ -225,6 +225,32 @@ def test_a_perfit_clients_export_scores_what_the_run_reported_for_it(tmp_path: P
         export_run(tmp_path / "run", "peft", tmp_path / "peft")
 
 
+def test_a_fedmkt_clients_slm_exports_and_scores_what_the_run_reported_for_it(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    # Execute: client c01 holds tiny-qwen2-spm (fedmkt.clients), not the server's LLM
+    cfg = tiny_config("fedmkt", "fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]")
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    export_run(tmp_path / "run", "merged", tmp_path / "merged", options={"client": "c01"})
+    export_run(tmp_path / "run", "peft", tmp_path / "peft", options={"client": "c01"})
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    # The run's own tokenizer: the tiny SentencePiece-style tokenizer, saved, reloads as another class
+    # (transformers' Qwen2Tokenizer) that splits text differently; a real model's tokenizer round-trips.
+    tokenizer = load_final(tmp_path / "run", None, {"client": "c01"}).tokenizer
+    held_out = prepare_data(cfg).client_eval["c01"]
+
+    # Assert: the SLM with its own LoRA, as the client's personal evaluation scored it, named as its base
+    assert CausalLMModel(cfg, model, tokenizer).evaluate(held_out).metrics["perplexity"] == pytest.approx(
+        history[-1]["eval_by_client"]["c01"]["perplexity"], rel=1e-4
+    )
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "tiny-qwen2-spm"
+    with pytest.raises(
+        FinalModelError, match=r"not a client with a trained SLM \(clients with one: c00, c01"
+    ):
+        load_final(tmp_path / "run", None, {"client": "c09"})
+
+
 def test_fedpft_exports_its_classifier_merged_and_nothing_else(tmp_path: Path) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

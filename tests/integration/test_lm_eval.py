@@ -154,6 +154,7 @@ METHODS = [
     ("fedpt", "proxy", {}),
     ("fedpt", "small", {}),
     ("fedmkt", None, {}),
+    ("fedmkt", None, {"client": "c01"}),
     ("perfit", None, {"client": "c00"}),
 ]
 

@@ -13,6 +13,7 @@ import fedtune.algorithms.fedmkt.client as client
 from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
+from fedtune.algorithms.fedmkt.final import CLIENT_OPTION, slm_model
 from fedtune.algorithms.fedmkt.maths import (
     NOT_SELECTED,
     PublicView,
@@ -31,6 +32,7 @@ from fedtune.algorithms.fedmkt.wire import (
     knowledge_spec,
     unpack_knowledge,
 )
+from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.algorithms.local import REPLY_SCALARS
 from fedtune.config import ConfigError
 from fedtune.data.records import Record
@@ -289,11 +291,22 @@ class FedMKT(Algorithm[FedMKTConfig]):
 
     def write_artifacts(self, directory: Path) -> None:
         """The LLM's final LoRA as a peft adapter (``fedtune eval`` / ``generate``); the SLMs' LoRA never
-        leave their clients."""
+        leave their clients (`final.slm_model` reads one from the clients' checkpointed state)."""
+        from fedtune.modelcard import base_model_of, save_peft_adapter
+
         model, _ = self._llm(self._resources)
-        model.save_pretrained(str(directory / "adapter"))
+        save_peft_adapter(model, directory / "adapter", base_model_of(self.cfg.model))
         meta = {"base_model": self.cfg.model.name, "template": self.cfg.data.template, "algorithm": self.name}
         (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    final_options = (CLIENT_OPTION,)
+
+    @classmethod
+    def final_model(cls, run: FinalRun) -> FinalModel:
+        """The LLM with its final LoRA; ``--option client=ID``: client ``ID``'s SLM with its own LoRA."""
+        if CLIENT_OPTION in run.options:
+            return slm_model(run)
+        return super().final_model(run)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"llm_adapter": self.llm_adapter}
