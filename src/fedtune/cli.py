@@ -317,7 +317,8 @@ def export(
     converter: Annotated[
         str | None,
         typer.Option(
-            help="gguf: llama.cpp's convert_hf_to_gguf.py (or its directory); default $FEDTUNE_GGUF_CONVERTER"
+            help="gguf: llama.cpp's convert_hf_to_gguf.py (or its directory); default "
+            "$FEDTUNE_GGUF_CONVERTER, else the one fetched once from the pinned llama-cpp-python sdist"
         ),
     ] = None,
     outtype: Annotated[str, typer.Option(help="gguf: f32 | f16 | bf16 | q8_0 | auto")] = "f16",

@@ -3,8 +3,9 @@
 - ``peft``: the LoRA adapter as a standard peft directory (``PeftModel.from_pretrained(base, DIR)``);
 - ``merged``: the adapter merged into the base, a transformers model directory with its tokenizer
   (``AutoModelForCausalLM.from_pretrained(DIR)``, and any tool that reads one);
-- ``gguf``: the merged model converted by llama.cpp's ``convert_hf_to_gguf.py`` (no installed package
-  ships it: ``--converter PATH`` or ``$FEDTUNE_GGUF_CONVERTER`` points at a llama.cpp checkout's copy).
+- ``gguf``: the merged model converted by llama.cpp's ``convert_hf_to_gguf.py``: the copy fetched once
+  from the pinned llama-cpp-python source distribution (`fedtune.models.llama_cpp`), or the one that
+  ``--converter PATH`` or ``$FEDTUNE_GGUF_CONVERTER`` names (a llama.cpp checkout's).
 
 What the final model is, and so what can be exported, is the run's method's to say
 (``Algorithm.export_formats`` and ``Algorithm.export_final``); ``fedtune-export.json`` beside the files
@@ -53,16 +54,10 @@ class ExportResult:
 
 def find_converter(converter: str | Path | None = None) -> Path:
     """llama.cpp's ``convert_hf_to_gguf.py``: ``converter`` (the script or its directory), else
-    ``$FEDTUNE_GGUF_CONVERTER``; a clear error saying how to get it when neither is given."""
+    ``$FEDTUNE_GGUF_CONVERTER``, else the copy fetched once from the pinned llama-cpp-python sdist."""
     given = converter or os.environ.get(CONVERTER_ENV)
     if not given:
-        raise ExportError(
-            f"--format gguf runs llama.cpp's {CONVERTER_NAME}, which no installed package provides: get "
-            "llama.cpp (git clone https://github.com/ggml-org/llama.cpp) and its converter's requirements "
-            "(pip install -r llama.cpp/requirements/requirements-convert_hf_to_gguf.txt), then pass "
-            f"--converter llama.cpp/{CONVERTER_NAME} or set {CONVERTER_ENV}; or export --format merged "
-            "and convert that directory yourself"
-        )
+        return _fetched_converter()
     path = Path(given).expanduser()
     if path.is_dir():
         path = path / CONVERTER_NAME
@@ -70,6 +65,19 @@ def find_converter(converter: str | Path | None = None) -> Path:
         source = "--converter" if converter else CONVERTER_ENV
         raise ExportError(f"{source}: {path} is not a file (expected llama.cpp's {CONVERTER_NAME})")
     return path
+
+
+def _fetched_converter() -> Path:
+    from fedtune.models.llama_cpp import fetch_converter
+    from fedtune.models.zoo import ZooError
+
+    try:
+        return fetch_converter()
+    except ZooError as exc:
+        raise ExportError(
+            f"{exc}\nOr name a llama.cpp checkout's {CONVERTER_NAME} with --converter or {CONVERTER_ENV}, "
+            "or export --format merged and convert that directory yourself"
+        ) from exc
 
 
 def export_run(
@@ -133,8 +141,21 @@ def _gguf(export_final: Exporter, run: FinalRun, script: Path, output: Path, out
             [sys.executable, str(script), merged, "--outfile", str(output / GGUF_FILE), "--outtype", outtype],
             capture_output=True,
             text=True,
+            env=_converter_env(script),
         )
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip()[-2000:]
-        raise ExportError(f"{script} failed (exit {done.returncode}):\n{tail}")
+        missing = "No module named" in tail
+        hint = "\n(the converter's requirements: pip install 'fedtune[gguf]')" if missing else ""
+        raise ExportError(f"{script} failed (exit {done.returncode}):\n{tail}{hint}")
     return Exported(f"{exported.what}, converted to GGUF ({outtype}) by {script.name}")
+
+
+def _converter_env(script: Path) -> dict[str, str]:
+    """The environment with the ``gguf`` package of the converter's own llama.cpp tree (``gguf-py``) first
+    on the path, ahead of an installed ``gguf`` that may be older than the converter expects."""
+    env = dict(os.environ)
+    gguf_py = script.parent / "gguf-py"
+    if gguf_py.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(gguf_py), env.get("PYTHONPATH")]))
+    return env

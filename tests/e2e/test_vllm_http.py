@@ -10,13 +10,9 @@ pins clash with Flower's; docs/serving.md). vLLM must serve the zoo's directory 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
@@ -26,16 +22,11 @@ from fedtune.models.loading import load_causal_lm
 from fedtune.models.zoo import fetch
 from fedtune.proxy.http_source import HTTPLogitSource, HTTPSettings
 from fedtune.proxy.source import LocalLogitSource
+from tests.e2e.vllm_server import PYTHON_ENV, vllm_server
 from tests.integration.helpers import quiet_runner, tiny_config
 
 MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -44,38 +35,15 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if url:
         yield url
         return
-    python = os.environ.get("FEDTUNE_VLLM_PYTHON")
+    python = os.environ.get(PYTHON_ENV)
     if not python:
-        pytest.skip(
-            "set FEDTUNE_VLLM_URL (a running vLLM server) or FEDTUNE_VLLM_PYTHON (vLLM's venv python)"
-        )
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    command = [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(fetch(MODEL)),
-        "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1",
+        pytest.skip(f"set FEDTUNE_VLLM_URL (a running vLLM server) or {PYTHON_ENV} (vLLM's venv python)")
+    arguments = [
+        "--model", str(fetch(MODEL)), "--served-model-name", MODEL,
         "--max-logprobs", "128", "--no-enable-prefix-caching", "--max-model-len", "2048",
     ]  # fmt: skip
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"vLLM exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(2)
-        else:
-            pytest.fail(f"vLLM did not start in 15 minutes:\n{log.read_text()[-4000:]}")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        process.wait(60)
+    with vllm_server(python, arguments, tmp_path_factory.mktemp("vllm") / "server.log") as started:
+        yield started
 
 
 def test_vllm_prompt_logprobs_are_the_local_models(vllm_url: str) -> None:

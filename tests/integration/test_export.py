@@ -1,6 +1,6 @@
 """``fedtune export``: a tiny FedIT run's final model as a peft adapter and as a merged transformers
 model that load with peft / transformers alone and score the run's perplexity; GGUF through a
-converter named on the command line; clear refusals."""
+converter named on the command line or fetched from llama-cpp-python's sdist; clear refusals."""
 
 from __future__ import annotations
 
@@ -19,8 +19,16 @@ from fedtune.cli import app
 from fedtune.config import ExperimentConfig
 from fedtune.export import CONVERTER_ENV, GGUF_FILE, INFO_FILE, export_run
 from fedtune.files import current_umask
+from fedtune.models import llama_cpp
+from fedtune.models.zoo import ZooError
 from fedtune.rundata import prepare_data
-from tests.integration.helpers import quiet_runner, tiny_config
+from tests.integration.helpers import (
+    LLAMA_SDIST_TOP,
+    fake_llama_sdist,
+    pin_fake_llama_sdist,
+    quiet_runner,
+    tiny_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +158,40 @@ def test_gguf_runs_the_named_converter_on_the_merged_model(
     assert "converted to GGUF (q8_0)" in result.what
 
 
-def test_gguf_without_a_converter_says_which_one_and_how_to_name_it(
+def test_gguf_without_a_converter_fetches_llama_cpps_and_runs_it_with_its_own_gguf(
     fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Prepare: a fake llama-cpp-python sdist whose converter writes where its `gguf` package came from.
+    top = f"{LLAMA_SDIST_TOP}/vendor/llama.cpp"
+    script = b"import sys, gguf; open(sys.argv[sys.argv.index('--outfile') + 1], 'w').write(gguf.SOURCE)"
+    sdist = fake_llama_sdist(
+        tmp_path / f"{LLAMA_SDIST_TOP}.tar.gz",
+        {f"{top}/convert_hf_to_gguf.py": script, f"{top}/gguf-py/gguf/__init__.py": b"SOURCE = 'gguf-py'"},
+    )
+    download, calls = pin_fake_llama_sdist(sdist, monkeypatch)
+    monkeypatch.setattr(llama_cpp, "pip_download_sdist", download)
+    monkeypatch.setenv("FEDTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(CONVERTER_ENV, raising=False)
+    _, run_dir = fedit_run
+
+    # Execute
+    for name in ("first", "second"):
+        export_run(run_dir, "gguf", tmp_path / name)
+
+    # Assert: fetched once into the cache, run with the sdist's gguf-py ahead of the installed gguf
+    assert calls == [f"llama-cpp-python=={llama_cpp.VERSION}"]
+    assert (tmp_path / "second" / GGUF_FILE).read_text() == "gguf-py"
+    assert (llama_cpp.converter_dir(tmp_path / "cache") / "convert_hf_to_gguf.py").is_file()
+
+
+def test_gguf_without_a_converter_or_a_registry_says_how_to_name_one(
+    fedit_run: tuple[ExperimentConfig, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(requirement: str, destination: Path) -> None:
+        raise ZooError(f"pip could not download the source of {requirement}: no index")
+
+    monkeypatch.setattr(llama_cpp, "pip_download_sdist", unreachable)
+    monkeypatch.setenv("FEDTUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(CONVERTER_ENV, raising=False)
     _, run_dir = fedit_run
 
@@ -160,6 +199,7 @@ def test_gguf_without_a_converter_says_which_one_and_how_to_name_it(
 
     assert done.exit_code == 2
     message = " ".join(done.output.split())
+    assert f"llama-cpp-python=={llama_cpp.VERSION}" in message
     assert "convert_hf_to_gguf.py" in message and "--converter" in message and CONVERTER_ENV in message
     assert not (tmp_path / "g").exists()
 

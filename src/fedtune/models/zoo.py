@@ -12,6 +12,7 @@ float32, whereas bfloat16 would round them a second time, and CPU runs compute i
 Cache layout (`default_cache_dir()`, or `$FEDTUNE_CACHE`):
     models/<zoo name>/      converted zoo models
     gguf/<sha256 prefix>/   converted user-supplied .gguf files
+    llama.cpp/<version>/    llama.cpp's HF-to-GGUF converter (`fedtune.models.llama_cpp`)
     tmp/                    work directories of conversions in progress
 A directory counts as converted only when it holds the marker file with the expected sha256, and it is
 renamed into place only once complete, so an interrupted or failed fetch leaves nothing behind.
@@ -201,7 +202,8 @@ def _entry_of(entry: str | ZooEntry) -> ZooEntry:
     return entry if isinstance(entry, ZooEntry) else get_entry(entry)
 
 
-def _is_converted(directory: Path, sha256: str) -> bool:
+def is_complete(directory: Path, sha256: str) -> bool:
+    """Whether ``directory`` holds a finished fetch of the content with this sha256 (its marker file)."""
     marker = directory / MARKER_FILE
     if not marker.is_file():
         return False
@@ -215,7 +217,7 @@ def zoo_path(entry: str | ZooEntry, cache_dir: Path | None = None) -> Path | Non
     """The converted directory of a zoo model, or None if it has not been fetched into this cache."""
     zoo_entry = _entry_of(entry)
     directory = (cache_dir or default_cache_dir()) / "models" / zoo_entry.name
-    return directory if _is_converted(directory, zoo_entry.sha256) else None
+    return directory if is_complete(directory, zoo_entry.sha256) else None
 
 
 def pip_download(requirements: list[str], destination: Path) -> None:
@@ -237,7 +239,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _progress(enabled: bool) -> Progress:
+def progress_bars(enabled: bool) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -249,7 +251,7 @@ def _progress(enabled: bool) -> Progress:
 
 
 @contextmanager
-def _work_dir(cache_root: Path) -> Iterator[Path]:
+def work_dir(cache_root: Path) -> Iterator[Path]:
     """A scratch directory on the cache's filesystem, so the finished result can be renamed into place."""
     scratch_root = cache_root / "tmp"
     scratch_root.mkdir(parents=True, exist_ok=True)
@@ -352,20 +354,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _write_marker(directory: Path, sha256: str, source: str) -> None:
+def write_marker(directory: Path, sha256: str, source: str) -> None:
     marker = {"sha256": sha256, "source": source}
     (directory / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def _commit(staging: Path, target: Path, sha256: str) -> Path:
+def commit_dir(staging: Path, target: Path, sha256: str) -> Path:
     """Rename a finished conversion into place; a concurrent fetch that won the race is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not _is_converted(target, sha256):
+    if target.exists() and not is_complete(target, sha256):
         shutil.rmtree(target)  # left by a different pinned version or a foreign tool
     try:
         staging.rename(target)
     except OSError:
-        if not _is_converted(target, sha256):
+        if not is_complete(target, sha256):
             raise
     return target
 
@@ -382,7 +384,7 @@ def fetch(
     if cached is not None:
         return cached
     cache_root = cache_dir or default_cache_dir()
-    with _work_dir(cache_root) as work, _progress(progress) as bars:
+    with work_dir(cache_root) as work, progress_bars(progress) as bars:
         unpacked = _download_and_unpack(zoo_entry, work, downloader, bars)
         files = _resolve_files(zoo_entry, unpacked)
         staging = work / "converted"
@@ -395,8 +397,8 @@ def fetch(
             shutil.copytree(files[0], staging)
         for notice in zoo_entry.notices:
             shutil.copy2(unpacked / notice, staging / Path(notice).name)
-        _write_marker(staging, zoo_entry.sha256, ", ".join(zoo_entry.packages))
-        return _commit(staging, cache_root / "models" / zoo_entry.name, zoo_entry.sha256)
+        write_marker(staging, zoo_entry.sha256, ", ".join(zoo_entry.packages))
+        return commit_dir(staging, cache_root / "models" / zoo_entry.name, zoo_entry.sha256)
 
 
 def convert_gguf_cached(gguf_path: Path, cache_dir: Path | None = None, progress: bool = True) -> Path:
@@ -406,14 +408,14 @@ def convert_gguf_cached(gguf_path: Path, cache_dir: Path | None = None, progress
     cache_root = cache_dir or default_cache_dir()
     sha256 = sha256_file(gguf_path)
     target = cache_root / "gguf" / sha256[:16]
-    if _is_converted(target, sha256):
+    if is_complete(target, sha256):
         return target
-    with _work_dir(cache_root) as work, _progress(progress) as bars:
+    with work_dir(cache_root) as work, progress_bars(progress) as bars:
         bars.add_task(f"convert {gguf_path.name} to float32 safetensors", total=None)
         staging = work / "converted"
         convert_gguf(gguf_path, staging)
-        _write_marker(staging, sha256, str(gguf_path.resolve()))
-        return _commit(staging, target, sha256)
+        write_marker(staging, sha256, str(gguf_path.resolve()))
+        return commit_dir(staging, target, sha256)
 
 
 def _format_params(params: int) -> str:
