@@ -108,7 +108,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "repeats": repeats,
         "commands": {label: ["fedtune", *command] for label, command in COMMANDS.items()},
-        "sources": {side: str(src) for side, src in sources.items()},
+        # This checkout's own tree by its path in the repository, not this machine's.
+        "sources": {
+            side: str(src.relative_to(ROOT)) if src.is_relative_to(ROOT) else str(src)
+            for side, src in sources.items()
+        },
         "results": measure(sources, repeats),
     }
     text = table(results["results"])
