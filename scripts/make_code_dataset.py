@@ -22,27 +22,20 @@ from __future__ import annotations
 
 import argparse
 import ast
-import gzip
-import hashlib
-import io
-import json
 import platform
 import random
 import re
 import sysconfig
 import tokenize
 from collections.abc import Iterator
-from itertools import accumulate
 from pathlib import Path
 
+from datagen import common
+from datagen.common import DEFAULT_OUT, SEED, SPLITS, write_dataset
 from fedtune.data.code import code_instruction, docstring_lines, without_lines
 
 NAME = "stdlib-code"
-SEED = 20240501
-SPLITS = ("train", "validation", "test", "public")
 FRACTIONS = (0.8, 0.05, 0.05, 0.1)
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "src" / "fedtune" / "data" / "builtin"
 MIN_BODY_LINES, MAX_BODY_LINES = 2, 40
 MAX_OUTPUT_CHARS = 1200
 MAX_DOCSTRING_CHARS = 1500
@@ -211,12 +204,7 @@ def collect(stdlib: Path) -> list[Row]:
 
 
 def split_of(anchor: str) -> str:
-    digest = hashlib.sha256(f"{SEED}:{NAME}:{anchor}".encode()).hexdigest()
-    position = int(digest[:12], 16) / 16**12
-    for split, cumulative in zip(SPLITS, accumulate(FRACTIONS), strict=True):
-        if position < cumulative:
-            return split
-    return SPLITS[-1]
+    return common.split_of(f"{SEED}:{NAME}", anchor, FRACTIONS)
 
 
 def build(stdlib: Path) -> dict[str, list[Row]]:
@@ -232,21 +220,7 @@ def build(stdlib: Path) -> dict[str, list[Row]]:
     return splits
 
 
-def write_jsonl_gz(path: Path, rows: list[Row]) -> None:
-    payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
-    buffer = io.BytesIO()
-    # filename="" and mtime=0 keep the gzip header free of anything that varies between runs.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=9, mtime=0) as handle:
-        handle.write(payload)
-    path.write_bytes(buffer.getvalue())
-
-
 def write(out_dir: Path, splits: dict[str, list[Row]], python_version: str) -> None:
-    target = out_dir / NAME
-    target.mkdir(parents=True, exist_ok=True)
-    for split, rows in splits.items():
-        write_jsonl_gz(target / f"{split}.jsonl.gz", rows)
-    categories = sorted({row["category"] for rows in splits.values() for row in rows})
     meta = {
         "name": NAME,
         "task": "code",
@@ -265,18 +239,9 @@ def write(out_dir: Path, splits: dict[str, list[Row]], python_version: str) -> N
             "dedupe": "by output (whitespace ignored) and by instruction; first in path order kept",
         },
         "groups": {**{group: list(modules) for group, modules in GROUPS.items()}, "misc": ["(the rest)"]},
-        "categories": categories,
-        "splits": {split: len(rows) for split, rows in splits.items()},
-        "category_counts": {
-            split: {cat: sum(row["category"] == cat for row in rows) for cat in categories}
-            for split, rows in splits.items()
-        },
-        "generator": "scripts/make_code_dataset.py",
-        "seed": SEED,
     }
-    (target / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    (target / "NOTICE").write_text(NOTICE.format(version=python_version))
-    print(f"{target}: {meta['splits']}")
+    notice = NOTICE.format(version=python_version)
+    write_dataset(out_dir, meta, splits, notice, generator="scripts/make_code_dataset.py")
 
 
 def main(argv: list[str] | None = None) -> None:

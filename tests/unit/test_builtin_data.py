@@ -68,10 +68,11 @@ def exact_value(expression: str) -> Fraction:
 @pytest.fixture
 def generator(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """scripts/make_datasets.py as a module (it is a script, not part of the package)."""
+    monkeypatch.syspath_prepend(REPO_ROOT / "scripts")  # where it finds its datagen package
     spec = importlib.util.spec_from_file_location("make_datasets", REPO_ROOT / "scripts" / "make_datasets.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolve annotations through it
+    monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
     return module
 

@@ -51,6 +51,7 @@ def references() -> dict[str, str]:
 @pytest.fixture
 def generator(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """scripts/make_code_dataset.py as a module (it is a script, not part of the package)."""
+    monkeypatch.syspath_prepend(REPO_ROOT / "scripts")  # where it finds its datagen package
     path = REPO_ROOT / "scripts" / "make_code_dataset.py"
     spec = importlib.util.spec_from_file_location("make_code_dataset", path)
     assert spec is not None and spec.loader is not None
