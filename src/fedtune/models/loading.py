@@ -4,7 +4,7 @@ A name is tried, in order, as:
 1. ``tiny-<arch>[-L<layers>-H<hidden>][-<tokenizer>]``: a seeded random model from `fedtune.models.tiny`
    (tokenizer: ``bpe`` or ``spm``; none for the byte-level one);
 2. a zoo name (`fedtune.models.zoo`): fetched and converted once, then loaded from the cache;
-3. a model made by ``fedtune models derive`` (`fedtune.models.derive`), in ``<cache>/derived/<name>/``;
+3. a model made by ``fedtune models derive`` (`fedtune.train.distill`), in ``<cache>/derived/<name>/``;
 4. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
 5. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
 6. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
@@ -154,7 +154,7 @@ def _hub_gguf(repo_id: str, gguf_file: str, cache_dir: Path | None) -> Path:
 
 
 def derived_path(name: str, cache_dir: Path | None = None) -> Path | None:
-    """The directory of the derived model ``name`` (see `fedtune.models.derive`), or None if there is none."""
+    """The directory of the derived model ``name`` (`fedtune.models.derived`), or None if there is none."""
     if not name or "/" in name or name.startswith("."):
         return None
     directory = (cache_dir or default_cache_dir()) / DERIVED_DIR / name
