@@ -109,8 +109,8 @@ def client_models(base: Any, keep_ratio: float) -> tuple[dict[str, Any], dict[st
     each trains: every layer's (layout ``None``), except FedOT's (its adapter)."""
     from fedtune.algorithms.fedpft.maths import adapter_layers, kept_layers
     from fedtune.algorithms.fedpft.wire import Layout
-    from fedtune.models.derive import truncate_layers
     from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
+    from fedtune.models.layers import truncate_layers
     from fedtune.models.surgery import num_decoder_layers
 
     n, widths = num_decoder_layers(base), ffn_widths(base)
@@ -267,7 +267,7 @@ def timed_distillation(
     full: Any, sub: Any, public: list[Any], steps: int, cap: int | None, **kw: Any
 ) -> tuple[Any, float]:
     """``distill_ffns`` for ``steps`` steps, or only ``cap`` of them with the time scaled up to ``steps``."""
-    from fedtune.models.ffn_distill import distill_ffns
+    from fedtune.train.ffn_distill import distill_ffns
 
     run = min(steps, cap) if cap else steps
     stats = distill_ffns(full, sub, public, steps=run, lr=DISTILL_LR, mu=0.0, **kw)
@@ -281,7 +281,7 @@ def distillation_times(
     import numpy as np
 
     from fedtune.models.ffn import ffn_layers
-    from fedtune.models.ffn_distill import aggregate_apoz, apoz_counts, ffn_grad_masks, neurons_to_freeze
+    from fedtune.train.ffn_distill import aggregate_apoz, apoz_counts, ffn_grad_masks, neurons_to_freeze
 
     full.eval()
     sub.eval()

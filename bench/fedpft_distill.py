@@ -2,7 +2,7 @@
 
 The sub-model is built as FedPFT builds it (``fedpft.keep_ratio`` of every FFN's most salient
 neurons, ``fedpft.keep_layers`` whole) from the config's model; then eq. 13's distillation
-(``fedtune.models.ffn_distill.distill_ffns``, ``fedpft.hidden_loss``, mu = ``fedpft.mu``) runs on
+(``fedtune.train.ffn_distill.distill_ffns``, ``fedpft.hidden_loss``, mu = ``fedpft.mu``) runs on
 the public texts of the config's dataset, for each learning rate from scratch. After each checkpoint
 of steps it reports, on held-out texts of the same set, the relative error of the final hidden state
 where the classification head reads it (a decoder's last real token, an encoder's first) --
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     from fedtune.algorithms.fedpft.wire import output_norm_parameters
     from fedtune.config import load_config
     from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
-    from fedtune.models.ffn_distill import distill_ffns
+    from fedtune.train.ffn_distill import distill_ffns
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -477,7 +477,7 @@ def models_list(cache_dir: CacheOption = None) -> None:
     out.print(_rows_table("fedtune model zoo", zoo_table(cache_dir)))
     # Checked first so that listing the zoo does not pay for importing torch when nothing was derived.
     if ((cache_dir or default_cache_dir()) / "derived").is_dir():
-        from fedtune.models.derive import derived_table
+        from fedtune.models.derived import derived_table
 
         rows = derived_table(cache_dir)
         if rows:
@@ -528,7 +528,7 @@ def models_derive(
     cache_dir: CacheOption = None,
 ) -> None:
     """A smaller model with the same vocabulary: keep some decoder layers, distil from the full model."""
-    from fedtune.models.derive import derive_model
+    from fedtune.train.distill import derive_model
 
     try:
         result = derive_model(

@@ -14,22 +14,18 @@ from fedtune.data.builtin import list_builtin
 from fedtune.data.loaders import load_dataset_records
 from fedtune.data.records import Record
 from fedtune.data.tokenize import collate
-from fedtune.models import derive
-from fedtune.models.derive import (
-    decoder_layers,
-    default_derived_name,
+from fedtune.models.derived import default_derived_name, derived_table
+from fedtune.models.layers import decoder_layers, keep_layer_indices, truncate_layers
+from fedtune.models.loading import ModelError, load_causal_lm
+from fedtune.models.tiny import tiny_model
+from fedtune.train.distill import (
     derive_model,
-    derived_table,
     distill,
     encode_texts,
-    keep_layer_indices,
     position_logits,
     public_texts,
     split_held_out,
-    truncate_layers,
 )
-from fedtune.models.loading import ModelError, load_causal_lm
-from fedtune.models.tiny import tiny_model
 from fedtune.train.losses import distillation_kl
 
 TEXTS = [f"Item {i} costs {i * 3} coins, so {i + 1} of them cost {(i + 1) * i * 3}." for i in range(24)]
@@ -183,7 +179,7 @@ def test_public_texts_read_only_public_splits_rendered_with_the_alpaca_template(
         splits_read.append(split)
         return load_dataset_records(spec, split)
 
-    monkeypatch.setattr(derive, "load_dataset_records", recording_loader)
+    monkeypatch.setattr("fedtune.train.distill.load_dataset_records", recording_loader)
 
     texts = public_texts()
 

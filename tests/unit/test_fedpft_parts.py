@@ -13,8 +13,8 @@ from fedtune.algorithms.fedpft.wire import (
     with_lora,
 )
 from fedtune.config import LoraConfig
-from fedtune.models.derive import truncate_layers
 from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
+from fedtune.models.layers import truncate_layers
 from fedtune.models.loading import load_encoder_classifier
 
 LORA = LoraConfig(r=4, alpha=8, dropout=0.0)
@@ -108,8 +108,8 @@ def test_the_distillations_see_a_pairs_segment_ids() -> None:
 
     from fedtune.algorithms.fedpft.maths import public_batches
     from fedtune.data.records import Record
-    from fedtune.models.ffn_distill import _hidden_states
     from fedtune.models.tiny import tiny_model
+    from fedtune.train.ffn_distill import _hidden_states
     from tests.unit.test_classify import pair_tokenizer
 
     tokenizer = pair_tokenizer()

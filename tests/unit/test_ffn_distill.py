@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from fedtune.models.ffn import FFN, build_submodel, ffn_layers, ffn_parameter_names, select_neurons
-from fedtune.models.ffn_distill import (
+from fedtune.models.loading import load_causal_lm, load_encoder_classifier
+from fedtune.models.lora import attach_lora
+from fedtune.train.ffn_distill import (
     aggregate_apoz,
     apoz_counts,
     distill_ffns,
@@ -18,8 +20,6 @@ from fedtune.models.ffn_distill import (
     layer_distill_loss,
     neurons_to_freeze,
 )
-from fedtune.models.loading import load_causal_lm, load_encoder_classifier
-from fedtune.models.lora import attach_lora
 
 
 def llama() -> nn.Module:

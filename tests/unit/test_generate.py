@@ -1,3 +1,4 @@
+import inspect
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -7,8 +8,12 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+import fedtune.decode.generate as generate
+import fedtune.proxy.decode as proxy_decode
 from fedtune.decode.generate import (
+    DecodeOptions,
     decode_loop,
+    decode_texts,
     generate_texts,
     model_step_fn,
     pad_sequences,
@@ -16,7 +21,10 @@ from fedtune.decode.generate import (
     sample_next,
     top_p_filter,
 )
+from fedtune.eval.scoring import evaluate_generation
+from fedtune.models.lora import attach_lora
 from fedtune.models.tiny import tiny_model, tiny_tokenizer
+from fedtune.proxy import LocalLogitSource, ProxyTunedLM
 
 PROMPTS = ["hello there", "a", "the quick brown fox", "xyz", "Q: 2+2?"]
 
@@ -263,3 +271,48 @@ def test_generate_texts_restores_training_mode() -> None:
     # Assert
     assert len(texts) == 1
     assert model.training
+
+
+def test_decode_options_are_every_option_of_decode_texts() -> None:
+    defaults = {
+        name
+        for name, parameter in inspect.signature(decode_texts).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    assert set(DecodeOptions.__annotations__) == defaults
+
+
+def test_every_generating_entry_point_hands_decode_texts_the_same_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare
+    received: list[dict[str, Any]] = []
+
+    def recording_decode_texts(*args: Any, device: Any, eos_token_ids: Any, **options: Any) -> list[str]:
+        received.append(options)
+        return [""] * len(args[2])
+
+    monkeypatch.setattr(generate, "decode_texts", recording_decode_texts)
+    monkeypatch.setattr(proxy_decode, "decode_texts", recording_decode_texts)
+    model, tokenizer = tiny_model("llama")
+    small = attach_lora(tiny_model("llama")[0], r=2, alpha=4, dropout=0.0, seed=0)
+    proxy = ProxyTunedLM(LocalLogitSource(model, tokenizer), small, tokenizer, alpha=1.0)
+    options: DecodeOptions = {
+        "max_new_tokens": 3,
+        "batch_size": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 5,
+        "stop_strings": ["\n"],
+        "progress": None,
+    }
+    prompts = PROMPTS[:2]
+
+    # Execute
+    generate_texts(model, tokenizer, prompts, **options)
+    proxy.generate(prompts, alpha=0.5, **options)
+    evaluate_generation(model, tokenizer, prompts, ["a", "b"], ["x", "y"], **options)
+    generate_texts(model, tokenizer, prompts)
+
+    # Assert
+    assert received == [options, options, options, {}]

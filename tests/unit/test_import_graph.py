@@ -148,3 +148,11 @@ def test_the_layer_rule_finds_an_upward_import() -> None:
         "fedtune.train.trainer -> fedtune.cli",
     ]
     assert layer_violations({"fedtune.fl.flower.federation": {"fedtune.fl.payload"}}) == []
+
+
+def test_models_import_no_data_training_decoding_or_evaluation() -> None:
+    """``models/`` holds models; the pipelines that train, decode or score them live above it."""
+    graph = import_graph()
+    assert "fedtune.models.surgery" in graph and "fedtune.models.loading" in graph
+    above = ("fedtune.data", "fedtune.train", "fedtune.decode", "fedtune.eval")
+    assert layer_violations(graph, ((("fedtune.models",), above),)) == []

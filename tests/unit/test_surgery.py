@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedtune.models.derive import decoder_layers
+from fedtune.models.layers import decoder_layers
 from fedtune.models.lora import attach_lora
 from fedtune.models.surgery import (
     SplitError,

@@ -10,11 +10,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from typing import Unpack  # only in annotations, which are never evaluated: Python 3.10 has none
 
 StepFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``(new_ids [B,T], attention_mask [B,S], position_ids [B,T]) -> next-token logits [B,V]``.
@@ -28,6 +31,20 @@ StopFn = Callable[[Tensor], Tensor]
 
 ProgressFn = Callable[[int, int], None]
 """``(num_done, num_total)``, called after each batch."""
+
+
+class DecodeOptions(TypedDict, total=False):
+    """How `decode_texts` generates, as every generating entry point takes and forwards it
+    (`generate_texts`, ``ProxyTunedLM.generate``, ``evaluate_generation``); a key left out takes
+    `decode_texts`' default."""
+
+    max_new_tokens: int
+    batch_size: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_strings: Sequence[str] | None
+    progress: ProgressFn | None
 
 
 @contextmanager
@@ -307,14 +324,7 @@ def generate_texts(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
-    *,
-    max_new_tokens: int = 64,
-    batch_size: int = 8,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    stop_strings: Sequence[str] | None = None,
-    progress: ProgressFn | None = None,
+    **options: Unpack[DecodeOptions],
 ) -> list[str]:
     """The new text a causal LM writes after each prompt, special tokens removed, cut before any stop string.
 
@@ -328,13 +338,7 @@ def generate_texts(
             prompts,
             device=model_device(model),
             eos_token_ids=eos_token_ids(model, tokenizer),
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop_strings=stop_strings,
-            progress=progress,
+            **options,
         )
 
 

@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from fedtune.decode.generate import (
+    DecodeOptions,
     cache_keyword,
     evaluating,
     forward_parameters,
@@ -41,6 +42,9 @@ from fedtune.eval.metrics import (
     rouge_l,
 )
 from fedtune.train.losses import head_at_positions
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 IGNORE_INDEX = -100
 NUM_SAMPLES = 5
@@ -468,25 +472,10 @@ def evaluate_generation(
     categories: Sequence[str],
     *,
     metrics: Sequence[str] = ("rougeL",),
-    max_new_tokens: int = 64,
-    batch_size: int = 8,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    stop_strings: Sequence[str] | None = None,
     record_ids: Sequence[str] | None = None,
+    **options: Unpack[DecodeOptions],
 ) -> dict[str, Any]:
     """Generate a response per prompt and score it against its reference (see ``score_generations``)."""
     check_metric_names(metrics)
-    predictions = generate_texts(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        stop_strings=stop_strings,
-    )
+    predictions = generate_texts(model, tokenizer, prompts, **options)
     return score_generations(prompts, predictions, references, categories, metrics, record_ids=record_ids)

@@ -4,7 +4,7 @@ A name is tried, in order, as:
 1. ``tiny-<arch>[-L<layers>-H<hidden>][-<tokenizer>]``: a seeded random model from `fedtune.models.tiny`
    (tokenizer: ``bpe`` or ``spm``; none for the byte-level one);
 2. a zoo name (`fedtune.models.zoo`): fetched and converted once, then loaded from the cache;
-3. a model made by ``fedtune models derive`` (`fedtune.models.derive`), in ``<cache>/derived/<name>/``;
+3. a model made by ``fedtune models derive`` (`fedtune.train.distill`), in ``<cache>/derived/<name>/``;
 4. a local Hugging Face directory (with ``gguf_file=``: a GGUF file inside it, converted once);
 5. a path to a ``.gguf`` file, converted once into the cache (keyed by the file's sha256);
 6. a Hugging Face Hub id, which needs network access or a copy in the local hub cache.
@@ -154,7 +154,7 @@ def _hub_gguf(repo_id: str, gguf_file: str, cache_dir: Path | None) -> Path:
 
 
 def derived_path(name: str, cache_dir: Path | None = None) -> Path | None:
-    """The directory of the derived model ``name`` (see `fedtune.models.derive`), or None if there is none."""
+    """The directory of the derived model ``name`` (`fedtune.models.derived`), or None if there is none."""
     if not name or "/" in name or name.startswith("."):
         return None
     directory = (cache_dir or default_cache_dir()) / DERIVED_DIR / name
@@ -254,6 +254,38 @@ def _finish(
     if not getattr(model, "is_quantized", False):
         model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' wrapper confuses mypy
     return model.eval(), tokenizer
+
+
+def _placement(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """The torch device and dtype that ``device`` and ``dtype`` (each may be ``auto``) name."""
+    torch_device = resolve_device(device)
+    return torch_device, resolve_dtype(dtype, torch_device)
+
+
+def _tiny(
+    spec: TinySpec, seed: int, *, num_labels: int = 2, classifier: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The seeded random model and tokenizer ``spec`` names (with ``classifier``: a sequence classifier)."""
+    return tiny_model(
+        spec.arch,
+        num_layers=spec.num_layers,
+        hidden=spec.hidden,
+        num_labels=num_labels,
+        seed=seed,
+        tokenizer=tiny_tokenizer(spec.tokenizer),
+        classifier=classifier,
+    )
+
+
+def _pretrained_source(
+    name: str, kind: ModelKind, cache_dir: Path | None, gguf_file: str | None, seed: int
+) -> Path | str:
+    """`resolve_source` with the config checked to be of a ``kind``, and torch seeded for what
+    ``from_pretrained`` initialises (a head the checkpoint lacks)."""
+    source = resolve_source(name, kind, cache_dir, gguf_file)
+    _load_config(source, name, kind)
+    torch.manual_seed(seed)
+    return source
 
 
 QUANTIZATION_BITS = (4, 8)
@@ -378,21 +410,13 @@ def load_causal_lm(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer (see the module docstring for what ``name`` may be);
     ``quantization`` 4 or 8: bitsandbytes-quantised and frozen, a QLoRA base."""
-    torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_device, torch_dtype = _placement(device, dtype)
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
     tiny = parse_tiny_name(name)
     if tiny is not None:
         if tiny.arch == "bert":
             raise ModelError(f"{name} is an encoder, not a causal LM: use load_encoder_classifier")
-        model, tokenizer = tiny_model(
-            tiny.arch,
-            num_layers=tiny.num_layers,
-            hidden=tiny.hidden,
-            seed=seed,
-            tokenizer=tiny_tokenizer(tiny.tokenizer),
-        )
+        model, tokenizer = _tiny(tiny, seed)
         if quantization is not None:
             # bitsandbytes quantises while loading: the random model goes through a checkpoint.
             with tempfile.TemporaryDirectory(prefix="fedtune-tiny-") as directory:
@@ -401,9 +425,7 @@ def load_causal_lm(
             # As the unquantised one: no (deleted) directory for a saved adapter to name as its base.
             model.config.name_or_path = model.name_or_path = ""
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
-    source = resolve_source(name, "causal-lm", cache_dir, gguf_file)
-    _load_config(source, name, "causal-lm")
-    torch.manual_seed(seed)
+    source = _pretrained_source(name, "causal-lm", cache_dir, gguf_file, seed)
     if quantization is None:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     else:
@@ -454,27 +476,14 @@ def load_encoder_classifier(
     Encoders (``all-minilm-l6-v2``, ``tiny-bert``) and decoders (``smollm2-135m``, ``tiny-llama``: the
     head reads the last non-pad token); any model transformers can put a classification head on.
     """
-    torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    torch_device, torch_dtype = _placement(device, dtype)
     tiny = parse_tiny_name(name)
     if tiny is not None:
         if tiny.arch == "gpt2":
             raise ModelError(f"no tiny GPT-2 classifier: use tiny-bert, tiny-llama or tiny-qwen2, not {name}")
-        model, tokenizer = tiny_model(
-            tiny.arch,
-            num_layers=tiny.num_layers,
-            hidden=tiny.hidden,
-            num_labels=num_labels,
-            seed=seed,
-            tokenizer=tiny_tokenizer(tiny.tokenizer),
-            classifier=True,
-        )
+        model, tokenizer = _tiny(tiny, seed, num_labels=num_labels, classifier=True)
         return _finish(model, tokenizer, torch_device, torch_dtype, padding_side)
-    source = resolve_source(name, "encoder", cache_dir, gguf_file)
-    _load_config(source, name, "encoder")
-    torch.manual_seed(seed)
+    source = _pretrained_source(name, "encoder", cache_dir, gguf_file, seed)
     # A checkpoint's own head of another width (e.g. a tiny-bert saved with 2 labels) is replaced.
     model = AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=num_labels, dtype=torch_dtype, ignore_mismatched_sizes=True

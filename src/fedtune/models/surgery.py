@@ -13,7 +13,7 @@ holds) is the full model's embeddings, final norm and head around the kept layer
 renumbered so KV caching works). Weights of layers move between the full model, the emulator model
 and the wire keyed by their original index (`layer_state`, `load_layer_state`), so "layer 17" means the
 same layer everywhere; plugging the adapter into the full model gives AdapFu, into the emulator model
-AdapEmu. Works for every family of `fedtune.models.derive.LAYER_PATHS` (Llama, Qwen2, Mistral, Qwen3,
+AdapEmu. Works for every family of `fedtune.models.layers.LAYER_PATHS` (Llama, Qwen2, Mistral, Qwen3,
 GPT-2), peft-wrapped or not.
 """
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from fedtune.models.derive import LAYER_PATHS, truncate_layers
+from fedtune.models.layers import LAYER_PATHS, truncate_layers
 
 
 class SplitError(ValueError):

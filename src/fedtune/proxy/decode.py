@@ -25,7 +25,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from fedtune.decode.generate import (
-    ProgressFn,
+    DecodeOptions,
     StepFn,
     decode_texts,
     eos_token_ids,
@@ -39,7 +39,7 @@ from fedtune.proxy.vocab import shared_vocab_size
 from fedtune.train import losses
 
 if TYPE_CHECKING:
-    pass
+    from typing import Unpack
 
 SmallStepFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 """Like ``StepFn``, but returns the next-token logits of the tuned and the base small model."""
@@ -114,17 +114,7 @@ class ProxyTunedLM:
         return self._combined_step_fn(self.large.session(), small_step, strength)
 
     def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        max_new_tokens: int = 64,
-        batch_size: int = 8,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        stop_strings: Sequence[str] | None = None,
-        alpha: float | None = None,
-        progress: ProgressFn | None = None,
+        self, prompts: Sequence[str], *, alpha: float | None = None, **options: Unpack[DecodeOptions]
     ) -> list[str]:
         """The text the proxy-tuned LM writes after each prompt (see ``decode_texts``)."""
         with evaluating(self.small):
@@ -134,13 +124,7 @@ class ProxyTunedLM:
                 prompts,
                 device=self.device,
                 eos_token_ids=self.eos_token_ids(),
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
-                stop_strings=stop_strings,
-                progress=progress,
+                **options,
             )
 
     def labelled_logits(self, batch: Mapping[str, Tensor], alpha: float | None = None) -> Tensor:

@@ -7,7 +7,7 @@ Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (``papers/004`
   ``keep_layers`` (first and last by default) keep their FFN whole. Attention, embeddings, norms and
   the task head are untouched, so the trainable part -- LoRA on q, k, v, o and the head -- has the same
   names and shapes in the full model and the sub-model.
-- **Layer-level distillation** before federated learning (eq. 13, `fedtune.models.ffn_distill`):
+- **Layer-level distillation** before federated learning (eq. 13, `fedtune.train.ffn_distill`):
   ``distill_steps`` AdamW steps on public data of the per-layer hidden-state MSE between the full and
   the sub-model plus ``mu`` ||W_out W_in - W_out' W_in'||^2 (with gradient; ``mu: 0`` is what the
   official code effectively does); only the compressed layers' FFNs train.

@@ -43,10 +43,10 @@ from fedtune.fl.broadcast import ClientCacheMiss, client_cache_mode, receive_par
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.models.ffn import resize_ffn
-from fedtune.models.ffn_distill import apoz_counts
 from fedtune.models.loading import resolve_device
 from fedtune.models.surgery import load_parameters
 from fedtune.resources import model_spec
+from fedtune.train.ffn_distill import apoz_counts
 from fedtune.train.sft import epochs_started
 
 CACHE_DIR = "fedpft-cache"

@@ -1,6 +1,6 @@
 """FedPFT's maths as pure functions: FedOT's layers, the distillations' gradient masks and public
 batches, parameter counts. (Saliency, sub-model surgery, eq. 13's loss and the APoZ counts
-themselves are ``fedtune.models.ffn`` and ``fedtune.models.ffn_distill``.)
+themselves are ``fedtune.models.ffn`` and ``fedtune.train.ffn_distill``.)
 
 Shapes: ``B`` batch, ``T`` tokens, ``H`` hidden size, ``I`` an FFN's width (its neurons) in the
 client model.
@@ -18,8 +18,8 @@ from torch import nn
 from fedtune.data.classify import classification_batches, encode_example
 from fedtune.data.records import Record
 from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
-from fedtune.models.ffn_distill import ffn_grad_masks
 from fedtune.models.surgery import uniform_drop, unwrap
+from fedtune.train.ffn_distill import ffn_grad_masks
 
 
 def adapter_layers(num_layers: int, edge: int) -> tuple[int, ...]:

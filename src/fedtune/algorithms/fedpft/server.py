@@ -54,9 +54,9 @@ from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.broadcast import save_npz
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
-from fedtune.models.ffn_distill import aggregate_apoz, distill_ffns, neurons_to_freeze
 from fedtune.models.loading import load_encoder_classifier
 from fedtune.models.surgery import load_parameters
+from fedtune.train.ffn_distill import aggregate_apoz, distill_ffns, neurons_to_freeze
 from fedtune.units import BYTES_PER_MB
 
 Models = tuple[Any, Any, Any]

@@ -31,9 +31,9 @@ from fedtune.config import ConfigError, LoraConfig
 from fedtune.fl.broadcast import VersionedBroadcast
 from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 from fedtune.fl.validation import ReplySpec
-from fedtune.models.derive import truncate_layers
 from fedtune.models.ffn import build_submodel, ffn_layers, select_neurons
 from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
+from fedtune.models.layers import truncate_layers
 from fedtune.models.lora import build_lora, lora_targets
 from fedtune.models.surgery import layer_index, layer_pattern, num_decoder_layers, relabel, unwrap
 

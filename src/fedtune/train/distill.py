@@ -3,10 +3,11 @@
 FedPT-style methods need a small model that shares the large model's tokenizer. When no such
 pair is published (SmolLM2-135M has no smaller sibling), we derive one:
 
-1. Layer drop (`keep_layer_indices`, `truncate_layers`): keep ``keep`` of the ``n`` decoder layers
-   at a uniform stride, always including the first and the last layer (the first reads the
-   embeddings, the last writes into the LM head's input space, so both matter most). Embeddings,
-   final norm and LM head are kept as they are, so the vocabulary and the tokenizer are unchanged.
+1. Layer drop (`keep_layer_indices`, `truncate_layers` of `fedtune.models.layers`): keep ``keep`` of
+   the ``n`` decoder layers at a uniform stride, always including the first and the last layer (the
+   first reads the embeddings, the last writes into the LM head's input space, so both matter most).
+   Embeddings, final norm and LM head are kept as they are, so the vocabulary and the tokenizer are
+   unchanged.
 2. Distillation (`distill`): the full model is the teacher. All student parameters are trained to
    minimise KL(teacher || student) between the next-token distributions at every non-pad position
    (temperature 1, no hard-label term: the teacher's full distribution carries far more signal per
@@ -22,9 +23,9 @@ pair is published (SmolLM2-135M has no smaller sibling), we derive one:
    before distillation and of the student after it.
 
 `derive_model` runs the three steps and saves the student with its tokenizer under
-``<cache>/derived/<name>/``, with a ``derive.json`` record of how it was made; that directory is
-written in a staging directory and renamed into place only when complete, so a model that loads by
-name (`fedtune.models.loading.load_causal_lm`) is never half-written.
+``<cache>/derived/<name>/`` (`fedtune.models.derived`), with a ``derive.json`` record of how it was
+made; that directory is written in a staging directory and renamed into place only when complete,
+so a model that loads by name (`fedtune.models.loading.load_causal_lm`) is never half-written.
 
 Measured: SmolLM2-135M-Instruct cut to 10 of 30 layers (63.7M params), 120 steps of 8 texts at
 lr 5e-4 (10 minutes on 2 CPU cores): held-out perplexity 5.2M before distillation, 38.5 after,
@@ -33,11 +34,9 @@ teacher 17.5. At 20 steps lr 3e-4 beat 1e-4, 1e-3 and 3e-3.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -65,99 +64,18 @@ from fedtune.data.loaders import load_dataset_records
 from fedtune.data.templates import alpaca_prompt
 from fedtune.data.tokenize import Example, make_batches
 from fedtune.decode.generate import evaluating
+from fedtune.models.derived import check_derived_name, default_derived_name
+from fedtune.models.layers import decoder_layers, keep_layer_indices, truncate_layers
 from fedtune.models.loading import DERIVED_DIR, DERIVED_MARKER, load_causal_lm
-from fedtune.models.zoo import default_cache_dir, zoo_names
+from fedtune.models.zoo import default_cache_dir
 from fedtune.train.losses import distillation_kl, head_at_positions, response_nll
 from fedtune.train.optim import build_optimizer, schedule_factor
 
-# Where each supported family keeps its decoder layers (owner module, attribute).
-LAYER_PATHS: dict[str, tuple[str, str]] = {
-    "llama": ("model", "layers"),
-    "mistral": ("model", "layers"),
-    "qwen2": ("model", "layers"),
-    "qwen3": ("model", "layers"),
-    "gemma2": ("model", "layers"),
-    "gemma3_text": ("model", "layers"),
-    "gpt2": ("transformer", "h"),
-    "bert": ("bert.encoder", "layer"),  # BertForSequenceClassification (FedOT on encoders)
-}
 HELD_OUT_SEED = 20240501
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 Batch = Mapping[str, Tensor]
 DistillProgress = Callable[[int, int, float], None]
 """``(steps_done, total_steps, loss)``, called after each optimizer step."""
-
-
-def keep_layer_indices(num_layers: int, keep: int) -> list[int]:
-    """``keep`` of ``num_layers`` layer indices at a uniform stride, first and last included.
-
-    Index j is ``round(j * (num_layers - 1) / (keep - 1))``:
-    (30, 10) -> [0, 3, 6, 10, 13, 16, 19, 23, 26, 29].
-    """
-    if num_layers < 1:
-        raise ValueError(f"a model needs at least one layer, got num_layers={num_layers}")
-    if not 1 <= keep <= num_layers:
-        raise ValueError(f"can keep between 1 and {num_layers} of {num_layers} layers, not {keep}")
-    if keep == 1:
-        return [num_layers - 1]  # the layer that feeds the final norm and LM head
-    return [round(j * (num_layers - 1) / (keep - 1)) for j in range(keep)]
-
-
-def _layer_path(model: nn.Module) -> tuple[str, str]:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in LAYER_PATHS:
-        raise ValueError(
-            f"cannot drop layers of a {model_type!r} model: supported families are {', '.join(LAYER_PATHS)}"
-        )
-    return LAYER_PATHS[model_type]
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a supported causal LM (``model.model.layers``, GPT-2's ``transformer.h``)."""
-    owner, attribute = _layer_path(model)
-    layers = getattr(model.get_submodule(owner), attribute)
-    assert isinstance(layers, nn.ModuleList)
-    return layers
-
-
-def truncate_layers(model: PreTrainedModel, indices: Sequence[int]) -> PreTrainedModel:
-    """A deep copy of ``model`` keeping only the decoder layers at ``indices`` (increasing); ``model``
-    itself is left as it was.
-
-    The kept layers' attention modules are renumbered 0..k-1 (their ``layer_idx`` picks their slot
-    in the KV cache, which is sized by ``num_hidden_layers``), and ``config.layer_types`` (per-layer
-    sliding / full attention) is cut to the kept layers.
-    """
-    owner_name, attribute = _layer_path(model)
-    layers = decoder_layers(model)
-    if (
-        not indices
-        or list(indices) != sorted(set(indices))
-        or not 0 <= indices[0] <= indices[-1] < len(layers)
-    ):
-        raise ValueError(
-            f"layer indices must be increasing, distinct and in [0, {len(layers)}), got {indices}"
-        )
-    if getattr(model.config, "scale_attn_by_inverse_layer_idx", False):
-        # The attention scale depends on the layer's position, so a moved layer would change its output.
-        raise ValueError("cannot drop layers of a GPT-2 model with scale_attn_by_inverse_layer_idx")
-    kept = set(indices)
-    # Pre-filling the memo with the dropped layers keeps deepcopy from copying them only to drop them.
-    memo: dict[int, Any] = {id(layer): layer for index, layer in enumerate(layers) if index not in kept}
-    student = copy.deepcopy(model, memo)
-    owner = student.get_submodule(owner_name)
-    student_layers = nn.ModuleList([getattr(owner, attribute)[index] for index in indices])
-    for new_index, layer in enumerate(student_layers):
-        for module in layer.modules():
-            if isinstance(getattr(module, "layer_idx", None), int):
-                setattr(module, "layer_idx", new_index)  # noqa: B010  # nn.Module's attribute typing
-    setattr(owner, attribute, student_layers)
-    student.config.num_hidden_layers = len(indices)
-    layer_types = getattr(student.config, "layer_types", None)
-    if layer_types is not None:
-        student.config.layer_types = [layer_types[index] for index in indices]
-    return student
 
 
 def position_logits(model: nn.Module, batch: Batch) -> Tensor:
@@ -300,46 +218,6 @@ def train_batches(
         batches += make_batches(examples, batch_size, pad_token_id, seed=seed + epoch)
         epoch += 1
     return batches[:steps]
-
-
-def default_derived_name(source: str, keep_layers: int) -> str:
-    """``smollm2-135m-instruct`` with 10 layers -> ``smollm2-135m-instruct-l10``."""
-    return f"{Path(source).name}-l{keep_layers}"
-
-
-def check_derived_name(name: str) -> None:
-    if not _NAME.fullmatch(name):
-        raise ValueError(f"bad derived model name {name!r}: use letters, digits, '.', '_' and '-'")
-    if name in zoo_names() or name.startswith("tiny-"):
-        raise ValueError(f"{name!r} would be loaded as a zoo or tiny model; choose another name")
-
-
-def list_derived(cache_dir: Path | None = None) -> list[dict[str, Any]]:
-    """The ``derive.json`` records of the derived models in the cache, each with its ``path``."""
-    root = (cache_dir or default_cache_dir()) / DERIVED_DIR
-    if not root.is_dir():
-        return []
-    records = []
-    for marker in sorted(root.glob(f"*/{DERIVED_MARKER}")):
-        record = json.loads(marker.read_text())
-        records.append({**record, "path": str(marker.parent)})
-    return records
-
-
-def derived_table(cache_dir: Path | None = None) -> list[dict[str, str]]:
-    """One row per derived model for ``fedtune models list``."""
-    return [
-        {
-            "name": record["name"],
-            "source": record["source"],
-            "layers": f"{len(record['kept_layers'])} of {record['source_layers']}",
-            "params": f"{record['params'] / 1e6:.1f}M",
-            "distilled": f"{record['steps']} steps",
-            "ppl teacher / derived": f"{record['teacher_ppl']:.2f} / {record['student_ppl_after']:.2f}",
-            "path": record["path"],
-        }
-        for record in list_derived(cache_dir)
-    ]
 
 
 @dataclass(frozen=True)
