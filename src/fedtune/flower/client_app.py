@@ -31,7 +31,7 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedtune.fl.flower.codec import HELLO, MALFORMED, META, decode_meta, decode_payload, encode_payload
+from fedtune.flower.codec import HELLO, MALFORMED, META, decode_meta, decode_payload, encode_payload
 
 STATE_TREE = "fedtune.state.tree"
 STATE_ARRAYS = "fedtune.state.arrays"
