@@ -76,7 +76,7 @@ class Simulation:
 
         self.algorithm = FedIT(cfg)
         self.server = ServerContext(cfg, resources, eval_records=[], public_records=[], run_dir=workdir)
-        self.fed = InProcessFederation(cfg, self.algorithm.client_tasks(), client_data, resources, workdir)
+        self.fed = InProcessFederation(cfg, FedIT.client_tasks(cfg), client_data, resources, workdir)
         self.algorithm.setup(self.server)
         self.rnd = 0
 

@@ -28,6 +28,11 @@ class ProbeConfig(FedITConfig):
     pass
 
 
+def probe_spec(cfg: Any, client: str) -> ModelSpec:
+    """Clients alternate between the two architectures."""
+    return ModelSpec(ARCHS[int(client[1:]) % 2], seed=cfg.seed)
+
+
 class HeteroProbe(Algorithm[ProbeConfig]):
     """Clients alternate between two architectures and report their model's loss on local data."""
 
@@ -37,13 +42,15 @@ class HeteroProbe(Algorithm[ProbeConfig]):
     loads: ClassVar[list[str]] = []
 
     def client_model_spec(self, client: str) -> ModelSpec:
-        return ModelSpec(ARCHS[int(client[1:]) % 2], seed=self.cfg.seed)
+        return probe_spec(self.cfg, client)
 
-    def client_tasks(self) -> dict[str, ClientTask]:
-        return {"fit": self._fit}
+    @classmethod
+    def client_tasks(cls, cfg: Any) -> dict[str, ClientTask]:
+        return {"fit": cls._fit}
 
-    def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
-        model, tokenizer = ctx.resources.model(self.client_model_spec(ctx.client_id))
+    @staticmethod
+    def _fit(ctx: ClientContext, msg: Payload) -> Payload:
+        model, tokenizer = ctx.resources.model(probe_spec(ctx.cfg, ctx.client_id))
         HeteroProbe.seen[ctx.client_id] = model.config.model_type
         HeteroProbe.loads[:] = ctx.resources.loads
         examples = encode_records(ctx.data[:4], tokenizer, "alpaca", 64)

@@ -53,7 +53,8 @@ class HalfStep(Algorithm[HalfStepConfig]):
         super().__init__(cfg)
         self.global_adapter: dict[str, np.ndarray] = {}
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: Any) -> dict[str, ClientTask]:
         return {"fit": fit}
 
     def setup(self, server: ServerContext) -> None:

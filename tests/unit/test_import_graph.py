@@ -123,8 +123,38 @@ def layer_violations(
 
 def test_imports_point_down_the_layers() -> None:
     graph = import_graph()
-    assert "fedtune.fl.flower.federation" in graph and "fedtune.flower.server_app" in graph
+    assert "fedtune.flower.grid" in graph and "fedtune.flower.server_app" in graph
     assert layer_violations(graph) == []
+
+
+FLOWER_TRANSPORT = ("fedtune.flower.grid", "fedtune.flower.codec")
+"""The Flower backend of the Federation contract: it lives in the Flower app's package but sits with
+``fedtune.fl``, below the algorithms (the app around it sits above them)."""
+
+
+def transport_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of the Flower transport that is neither ``fedtune.fl`` nor the transport itself."""
+    return sorted(
+        f"{module} -> {imported}"
+        for module in FLOWER_TRANSPORT
+        for imported in graph[module]
+        if imported.startswith("fedtune") and not within(imported, ("fedtune.fl", *FLOWER_TRANSPORT))
+    )
+
+
+def test_the_flower_transport_imports_only_the_federation_layer() -> None:
+    assert transport_violations(import_graph()) == []
+
+
+def test_the_transport_rule_finds_an_upward_import() -> None:
+    fake = {
+        "fedtune.flower.grid": {"fedtune.flower.codec", "fedtune.fl.payload", "fedtune.flower.node"},
+        "fedtune.flower.codec": {"fedtune.algorithms.registry", "fedtune.fl"},
+    }
+    assert transport_violations(fake) == [
+        "fedtune.flower.codec -> fedtune.algorithms.registry",
+        "fedtune.flower.grid -> fedtune.flower.node",
+    ]
 
 
 def test_the_layer_rule_finds_an_upward_import() -> None:

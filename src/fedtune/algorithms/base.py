@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -107,19 +108,25 @@ class Algorithm(ABC, Generic[SectionT]):
         section: SectionT = self.cfg.section(self.name)
         return section
 
+    @classmethod
     @abstractmethod
-    def client_tasks(self) -> dict[str, ClientTask]: ...
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
+        """Task name -> client task, from the config alone: what a client runs needs no server (a task
+        reads the run's config as ``ctx.cfg``)."""
+
+    @classmethod
+    def client_table(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
+        """``client_tasks(cfg)`` as the clients run them (``client_task_table``), built without
+        constructing the algorithm: what a SuperNode or a Ray actor serves."""
+        if not isinstance(inspect.getattr_static(cls, "client_tasks"), classmethod):
+            raise TypeError(
+                f"algorithm {cls.name!r}: client_tasks must be a classmethod, client_tasks(cls, cfg)"
+            )
+        return client_task_table(cfg, cls.update_task, cls.client_tasks(cfg))
 
     def all_client_tasks(self) -> dict[str, ClientTask]:
-        """``client_tasks()`` as the clients run them: with ``secagg`` the update task keeps its update
-        (clipped, checked finite) on the client and the protocol's four tasks join."""
-        tasks = dict(self.client_tasks())
-        if self.secure is not None:
-            cfg = self.cfg
-            bound = cfg.dp.clip_norm if cfg.dp.enabled else cfg.fed.norm_bound
-            tasks[self.update_task] = secure_update_task(tasks[self.update_task], bound)
-            tasks.update(secagg_tasks())
-        return tasks
+        """This run's client task table (``client_table``)."""
+        return self.client_table(self.cfg)
 
     @abstractmethod
     def setup(self, server: ServerContext) -> None: ...
@@ -302,6 +309,19 @@ class Algorithm(ABC, Generic[SectionT]):
         withheld = len(self.secure.withheld) if self.secure is not None else 0
         if len(replies) + withheld < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
+
+
+def client_task_table(
+    cfg: ExperimentConfig, update_task: str, tasks: Mapping[str, ClientTask]
+) -> dict[str, ClientTask]:
+    """A method's ``tasks`` as the clients run them: with ``secagg`` the ``update_task`` keeps its update
+    (clipped, checked finite) on the client and the protocol's four tasks join."""
+    table = dict(tasks)
+    if cfg.secagg.enabled:
+        bound = cfg.dp.clip_norm if cfg.dp.enabled else cfg.fed.norm_bound
+        table[update_task] = secure_update_task(table[update_task], bound)
+        table.update(secagg_tasks())
+    return table
 
 
 def secagg_settings(cfg: ExperimentConfig) -> SecAggSettings:

@@ -22,7 +22,7 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 
 def client_tasks(cfg: ExperimentConfig) -> Mapping[str, ClientTask]:
-    """The client tasks of ``cfg``'s algorithm, built from the config alone: what a process that serves
-    clients (a Ray actor) is handed, by reference, to rebuild them without importing the algorithms
-    from the federation layer."""
-    return get_algorithm(cfg.algorithm)(cfg).all_client_tasks()
+    """The client task table of ``cfg``'s algorithm (``Algorithm.client_table``), built from the config
+    alone without constructing the algorithm: what a process that serves clients runs (a SuperNode; a
+    Ray actor, handed this function by reference so the federation layer imports no algorithm)."""
+    return get_algorithm(cfg.algorithm).client_table(cfg)

@@ -1,17 +1,24 @@
 """The Flower app (Flower 1.41 Message API): fedtune's experiments on a real Flower federation.
 
-The same algorithm code runs unchanged: a generic ``ServerApp`` (``server_app``) runs the usual
-``Runner`` loop with a ``GridFederation`` (``fedtune.fl.flower``) in place of the in-process
-one, and a generic ``ClientApp`` (``client_app``) dispatches ``"train.<task>"`` /
-``"query.<task>"`` messages to the algorithm's ``client_tasks()``. Payloads map one-to-one onto
-``ArrayRecord`` + ``ConfigRecord`` (``fedtune.fl.flower.codec``); bytes are counted, failed and
-late clients recorded and replies validated exactly as in simulation, so both backends write
-the same metrics for the same job.
+Everything that speaks Flower lives in this one package. The same algorithm code runs unchanged: a
+generic ``ServerApp`` (``server_app``) runs the usual ``Runner`` loop with a ``GridFederation``
+(``grid``) in place of the in-process federation, and a generic ``ClientApp`` (``client_app``)
+dispatches ``"train.<task>"`` / ``"query.<task>"`` messages to the method's client task table
+(``Algorithm.client_table``). Payloads map one-to-one onto ``ArrayRecord`` + ``ConfigRecord``
+(``codec``); bytes are counted, failed and late clients recorded and replies validated exactly as in
+simulation, so both backends write the same metrics for the same job.
 
-This package sits above the algorithms and the runner (it finds algorithms and starts runs);
-the transport below them, ``fedtune.fl.flower``, knows nothing of either.
+The package as a whole sits above the algorithms and the runner (it finds algorithms and starts
+runs). Its transport, ``grid`` and ``codec``, is the Flower backend of the Federation contract and
+imports nothing but ``fedtune.fl`` (``tests/unit/test_import_graph.py`` keeps it so): the
+in-process and Ray backends live in ``fedtune.fl`` itself, this one lives beside the Flower app that
+is its only user, so that both sides of the Flower backend are read in one package.
 
 Modules:
+- ``grid``: ``GridFederation``, the server side of the Federation contract on a Flower ``Grid``
+  (SuperNodes are mapped to stable client ids by their ``partition-id`` node config; sampling is
+  seeded as in simulation); ``codec``: Payload <-> ``RecordDict`` (lossless, key order kept, bf16
+  refused);
 - ``server_app`` / ``client_app``: the Flower apps; ``node``: one client's runtime and task
   execution, Flower-free; ``worker``: a warm per-SuperNode process that keeps models loaded;
 - ``tls``: the SuperLink's CA and certificate; ``keys``: SuperNode authentication key pairs;

@@ -1,7 +1,7 @@
 """The generic ``ClientApp``: runs any registered algorithm's client tasks on a SuperNode.
 
 Message types are ``"train.<task>"`` / ``"query.<task>"`` for every task of the run's algorithm
-(``Algorithm.client_tasks()``; the run config's ``tasks`` lists them); they are registered with
+(``Algorithm.client_table(cfg)``; the run config's ``tasks`` lists them); they are registered with
 ``@app.train`` / ``@app.query`` when the app enters its lifespan, because only the run config
 says which algorithm runs. ``"query.fedtune_hello"`` answers which partition this node serves.
 
@@ -31,7 +31,7 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedtune.fl.flower.codec import HELLO, MALFORMED, META, decode_meta, decode_payload, encode_payload
+from fedtune.flower.codec import HELLO, MALFORMED, META, decode_meta, decode_payload, encode_payload
 
 STATE_TREE = "fedtune.state.tree"
 STATE_ARRAYS = "fedtune.state.arrays"

@@ -67,17 +67,17 @@ def node_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
 def task_names(config_yaml: str) -> list[str]:
     import yaml
 
-    from fedtune.algorithms.registry import get_algorithm
+    from fedtune.algorithms.registry import client_tasks
     from fedtune.config import validate_config
 
     cfg = validate_config(yaml.safe_load(config_yaml), source="run config")
-    return list(get_algorithm(cfg.algorithm)(cfg).all_client_tasks())
+    return list(client_tasks(cfg))
 
 
 def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
     import yaml
 
-    from fedtune.algorithms.registry import get_algorithm
+    from fedtune.algorithms.registry import client_tasks
     from fedtune.config import validate_config
     from fedtune.resources import Resources
     from fedtune.rundata import prepare_data
@@ -111,7 +111,7 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
             data, eval_data = holdout_split(data, cfg.data.holdout, cfg.seed, client_id)
     default_root = Path.home() / ".cache" / "fedtune" / "flower" / cfg.name
     root = Path(str(node_config.get("workdir", default_root))).expanduser()
-    tasks = get_algorithm(cfg.algorithm)(cfg).all_client_tasks()
+    tasks = dict(client_tasks(cfg))
     workdir = root / "clients" / client_id
     return NodeRuntime(
         cfg, client_id, data, Resources(cfg), workdir, tasks, eval_data, run_data.public_records

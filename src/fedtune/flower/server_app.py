@@ -30,7 +30,7 @@ def main(grid: Grid, context: Context) -> None:
     from fedtune.algorithms.registry import get_algorithm
     from fedtune.config import ExperimentConfig, validate_config
     from fedtune.fl.federation import ClientTask
-    from fedtune.fl.flower.federation import GridFederation
+    from fedtune.flower.grid import GridFederation
     from fedtune.flower.processes import die_with_parent
     from fedtune.resources import Resources
     from fedtune.rundata import RunData

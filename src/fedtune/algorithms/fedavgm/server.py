@@ -17,9 +17,15 @@ from fedtune.algorithms.adapters import (
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.fedavgm.config import FedAvgMConfig
 from fedtune.algorithms.fedavgm.maths import momentum_step
+from fedtune.config import ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
+
+
+def fit(ctx: ClientContext, msg: Payload) -> Payload:
+    """FedIT's client task without a proximal term: train the adapter ``adapter/*`` of ``msg`` locally."""
+    return fit_adapter(ctx, arrays(msg, ADAPTER), prox_mu=0.0)
 
 
 class FedAvgM(Algorithm[FedAvgMConfig]):
@@ -31,11 +37,9 @@ class FedAvgM(Algorithm[FedAvgMConfig]):
         self.global_adapter: dict[str, np.ndarray] = {}
         self.velocity: dict[str, np.ndarray] = {}
 
-    def client_tasks(self) -> dict[str, ClientTask]:
-        return {"fit": self._fit}
-
-    def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
-        return fit_adapter(ctx, arrays(msg, ADAPTER), prox_mu=0.0)
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
+        return {"fit": fit}
 
     def setup(self, server: ServerContext) -> None:
         self.global_adapter = dict(server.resources.initial_adapter())

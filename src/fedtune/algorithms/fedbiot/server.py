@@ -37,6 +37,7 @@ from fedtune.algorithms.fedbiot.wire import (
     with_adapter_lora,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
+from fedtune.config import ExperimentConfig
 from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
@@ -79,7 +80,8 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         self.align_optimizer: torch.optim.Optimizer | None = None
         self._saved_align_optimizer: dict[str, Any] | None = None
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
         return {"fit": fit}
 
     # ----------------------------------------------------------------- models

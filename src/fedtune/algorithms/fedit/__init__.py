@@ -10,7 +10,7 @@ sampled; evaluation is a client task -- each client evaluates its own adapter --
 clients that hold one); ``centralized`` (the runner gives the union of client data to a single
 client).
 
-Layout: ``config`` (the ``fedit:`` section), ``server`` (the rounds and the client tasks).
+Layout: ``config`` (the ``fedit:`` section), ``client`` (the client tasks), ``server`` (the rounds).
 """
 
 from typing import TYPE_CHECKING

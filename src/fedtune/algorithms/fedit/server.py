@@ -7,19 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from fedtune.algorithms.adapters import (
-    ADAPTER,
-    collect_adapters,
-    evaluate_adapter,
-    evaluation_records,
-    fit_adapter,
-    fit_round_result,
-)
-from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, personal_reply
+import fedtune.algorithms.fedit.client as client
+from fedtune.algorithms.adapters import ADAPTER, collect_adapters, evaluate_adapter, fit_round_result
+from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult
 from fedtune.algorithms.fedit.config import FedITConfig
-from fedtune.eval.evaluate import EvalResult, EvalSet, mean_results, payload_result, result_payload
+from fedtune.config import ExperimentConfig
+from fedtune.eval.evaluate import EvalResult, EvalSet, mean_results, payload_result
 from fedtune.fl.aggregate import server_step
-from fedtune.fl.federation import ClientContext, ClientTask, Federation, ServerContext
+from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
 
 
@@ -32,43 +27,9 @@ class FedIT(Algorithm[FedITConfig]):
         self.global_adapter: dict[str, np.ndarray] = {}
         self.holders: set[str] = set()  # standalone: the clients that hold a personal adapter
 
-    def client_tasks(self) -> dict[str, ClientTask]:
-        return {"fit": self._fit, "evaluate": self._evaluate_own, PERSONAL_EVAL: self._evaluate_personal}
-
-    def _fit(self, ctx: ClientContext, msg: Payload) -> Payload:
-        adapter = arrays(msg, ADAPTER)
-        if self.cfg.fed.mode == "standalone":
-            # The client's own adapter persists; the server sends the initial one only to clients without.
-            adapter = ctx.state.get("adapter", adapter)
-            if not adapter:
-                raise ValueError(f"client {ctx.client_id} holds no adapter and was sent none")
-        reply = fit_adapter(ctx, adapter, self.section.prox_mu)
-        if self.cfg.fed.mode == "standalone":
-            ctx.state["adapter"] = arrays(reply, ADAPTER)
-        return reply
-
-    def _evaluate_own(self, ctx: ClientContext, msg: Payload) -> Payload:
-        """Evaluate this client's own adapter (standalone mode) on the set ``msg["eval_set"]`` names."""
-        adapter = ctx.state.get("adapter")
-        if not adapter:
-            raise ValueError(f"client {ctx.client_id} holds no adapter to evaluate")
-        records = evaluation_records(ctx, str(msg.get("eval_set", "")))
-        rnd = int(msg["round"])
-        return result_payload(evaluate_adapter(ctx.cfg, ctx.resources, adapter, records, rnd))
-
-    def _evaluate_personal(self, ctx: ClientContext, msg: Payload) -> Payload:
-        """This client's model on its own held-out split: its own adapter in standalone mode (the
-        initial one, sent along, before it first trains), else the global adapter it was sent."""
-        adapter = arrays(msg, ADAPTER)
-        if self.cfg.fed.mode == "standalone":
-            adapter = ctx.state.get("adapter") or adapter
-        if not adapter:
-            raise ValueError(f"client {ctx.client_id} holds no adapter to evaluate and was sent none")
-        if not ctx.eval_data:
-            raise ValueError(f"client {ctx.client_id} has no held-out records (data.holdout, eval.personal)")
-        rnd = int(msg["round"])
-        result = evaluate_adapter(ctx.cfg, ctx.resources, adapter, ctx.eval_data, rnd)
-        return personal_reply(result, len(ctx.eval_data), rnd)
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
+        return {"fit": client.fit, "evaluate": client.evaluate_own, PERSONAL_EVAL: client.evaluate_personal}
 
     def personal_messages(self, rnd: int, clients: list[str]) -> Payload | Mapping[str, Payload]:
         if self.cfg.fed.mode != "standalone":

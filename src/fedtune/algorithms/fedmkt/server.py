@@ -34,7 +34,7 @@ from fedtune.algorithms.fedmkt.wire import (
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.algorithms.local import REPLY_SCALARS
-from fedtune.config import ConfigError
+from fedtune.config import ConfigError, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
@@ -61,7 +61,8 @@ class FedMKT(Algorithm[FedMKTConfig]):
         # uploads are measured against (fed.norm_bound, fed.screen); before any, the shared init.
         self.slm_average: dict[str, np.ndarray] = {}
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
         return {"fit": client.fit, "distill": client.distill, PERSONAL_EVAL: client.evaluate_personal}
 
     def client_model_spec(self, client_id: str) -> ModelSpec:

@@ -44,6 +44,7 @@ from fedtune.algorithms.fedpft.wire import (
     with_lora,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
+from fedtune.config import ExperimentConfig
 from fedtune.data.classify import (
     class_names,
     encode_classification,
@@ -79,7 +80,8 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self._public: list[dict[str, torch.Tensor]] = []
         self.distill_log: list[dict[str, float]] = []
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
         return {"fit": fit, "apoz": apoz}
 
     # ----------------------------------------------------------------- models

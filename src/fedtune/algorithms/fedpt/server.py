@@ -41,6 +41,7 @@ from fedtune.algorithms.fedpt.maths import (
     proxy_teacher,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
+from fedtune.config import ExperimentConfig
 from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.data.tokenize import encode_records, make_batches
@@ -81,7 +82,8 @@ class FedPT(Algorithm[FedPTConfig]):
         self._kd_batches: list[Batch] = []
         self._teacher: TeacherCache | None = None
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
         return {"fit": client.fit}
 
     # ----- setup ----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from fedtune.algorithms.perfit.maths import (
     update_global,
 )
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
-from fedtune.config import ConfigError
+from fedtune.config import ConfigError, ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import gather_masked, scatter_masked, unpack_mask
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
@@ -54,7 +54,8 @@ class PerFIT(Algorithm[PerFITConfig]):
         self.global_module: dict[str, np.ndarray] = {}
         """G, the dense expanded module (``start: global``); empty with ``start: own``."""
 
-    def client_tasks(self) -> dict[str, ClientTask]:
+    @classmethod
+    def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
         return {
             "search": client.search,
             "fit": client.fit,

@@ -24,10 +24,10 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedtune.fl.federation import Traffic, per_client_payload, seeded_sample
-from fedtune.fl.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
 from fedtune.fl.payload import Payload, PayloadError, from_wire, payload_nbytes, to_wire
 from fedtune.fl.simulation import TapHook
 from fedtune.fl.validation import Expect, ReplyRejected, addressed, check_answers, check_reply, drop_outliers
+from fedtune.flower.codec import HELLO, MALFORMED, decode_meta, decode_payload, encode_payload
 
 log = logging.getLogger("fedtune.fl")
 
