@@ -31,9 +31,8 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedtune.algorithms.registry import get_algorithm  # noqa: E402
 from fedtune.config import ExperimentConfig  # noqa: E402
-from fedtune.plugins import algorithm_names  # noqa: E402
+from fedtune.plugins import algorithm_names, config_class  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "config.md"
 WIDTH = 120
@@ -42,84 +41,6 @@ COMMAND = "python scripts/config_reference.py"
 # Text for keys whose class does not document them (yet); the class's own text wins once it exists.
 # A note for a key that no class has is an error, so a renamed key cannot leave a stale note behind.
 NOTES: dict[str, str] = {
-    "name": "The run's name; the run directory is `runs/<name>` unless `output_dir` is set.",
-    "seed": "Every random choice (sampling, partitions, dropout, evaluation subsets) derives from it.",
-    "algorithm": "The method that runs; its own section (below) is validated by its config class.",
-    "output_dir": "The run directory (default `runs/<name>`).",
-    "progress": "Show progress: bars on a terminal; elsewhere (a pipe, a log, CI) one plain line per phase "
-    "and per finished client task.",
-    "model.name": "A zoo name, a local directory, a `.gguf` file, a Hugging Face id or a tiny test model "
-    "(`tiny-llama`, `tiny-qwen2`, `tiny-gpt2`).",
-    "model.dtype": "`auto`: fp32 on CPU, bf16 on GPU.",
-    "model.device": "`auto`: the CUDA GPU if there is one, else the CPU; or a torch device (`cuda:1`).",
-    "model.gguf_file": "The file inside a GGUF repository or directory to load.",
-    "model.cache_dir": "The model cache (default `$FEDTUNE_CACHE` or `~/.cache/fedtune`).",
-    "lora.r": "LoRA rank.",
-    "lora.alpha": "LoRA scaling numerator (the update is scaled by alpha / r).",
-    "lora.dropout": "LoRA dropout.",
-    "lora.target_modules": "The adapted projections; `auto`: q and v projections.",
-    "data.dataset": "A built-in name (`fedtune data list`), a file: jsonl, json, csv, parquet or a "
-    "Hugging Face dataset directory, or a Hugging Face Hub dataset id (`owner/name`, when no such file "
-    "exists; its `train` split).",
-    "data.schema": "The record layout of a file: Alpaca (`instruction/input/output`) or Dolly "
-    "(`instruction/context/response/category`).",
-    "data.format": "The file format (`auto`: from the file name; `hf` for a hub id).",
-    "data.max_length": "Tokens per example; longer examples are cut.",
-    "data.max_train_examples": "Use at most this many training records (a seeded sample).",
-    "data.eval_split": "The split the run evaluates on.",
-    "data.template": "The prompt wrapper training and evaluation use.",
-    "data.eval_dataset": "Evaluate on this dataset instead of the training dataset's `eval_split` "
-    "(e.g. `humaneval`).",
-    "data.length_bucketing": "Batch examples of similar length together (less padding).",
-    "data.partition.scheme": "How the training data is split over clients.",
-    "data.partition.num_clients": "Clients in the federation.",
-    "data.partition.min_partition_size": "Dirichlet partitions: the smallest partition a client may get.",
-    "data.partition.by": "The record field that Dirichlet, pathological and natural partitions split by.",
-    "data.partition.alpha": "The Dirichlet concentration (smaller: more skewed).",
-    "data.partition.classes_per_client": "Pathological partitions: categories per client.",
-    "train.optimizer": "The clients' local optimizer.",
-    "train.lr": "Peak learning rate.",
-    "train.weight_decay": "Weight decay.",
-    "train.betas": "AdamW betas.",
-    "train.momentum": "SGD momentum.",
-    "train.batch_size": "Examples per step.",
-    "train.grad_accum": "Batches accumulated per optimizer step.",
-    "train.schedule": "Learning-rate schedule.",
-    "train.warmup_ratio": "Share of the schedule spent warming up.",
-    "train.min_lr_ratio": "The schedule's final learning rate as a share of `lr`.",
-    "train.local_epochs": "Local passes over a client's data per round (unless `max_steps` is set).",
-    "train.max_steps": "Local steps per round; overrides `local_epochs`.",
-    "train.schedule_scope": "`round`: the schedule restarts every round; `global`: it spans the run.",
-    "train.clip_norm": "Gradient norm clipping (`null`: none).",
-    "fed.mode": "`federated`, or a baseline: `standalone` (each client trains on its own data only; the "
-    "evaluation averages the client models) or `centralized` (one model on the union of the client data).",
-    "fed.rounds": "Federated rounds.",
-    "fed.fraction": "Share of the clients sampled per round when `clients_per_round` is unset.",
-    "fed.clients_per_round": "Clients sampled per round (default: `fraction` of them).",
-    "fed.min_replies": "A round counts when at least this many sampled clients replied.",
-    "fed.client_timeout": "Seconds to wait for a client's reply.",
-    "fed.norm_bound": "Reject a reply whose update norm exceeds this.",
-    "fed.keep_checkpoints": "How many round checkpoints to keep.",
-    "fed.backend": "`simulation` (in-process), `flower` (a Flower deployment) or `ray` (Ray actors; "
-    "`docs/scaling.md`).",
-    "eval.metrics": "What is scored; `acc` and `acc_norm` score multiple-choice records by the "
-    "log-likelihood of each choice (`acc_norm`: divided by the choice's length in characters).",
-    "eval.max_examples": "Test examples scored (a seeded subset; `null`: all).",
-    "eval.max_new_tokens": "Tokens generated per answer.",
-    "eval.batch_size": "Examples per evaluation batch.",
-    "eval.top_p": "Nucleus sampling mass.",
-    "eval.every": "Evaluate every this many rounds (and after the last).",
-    "eval.before": "Evaluate before training too (round 0).",
-    "eval.temperature": "0 = greedy.",
-    "eval.seeds": "Sampling seeds per evaluation; with sampling, metrics are the mean over seeds and "
-    "`<metric>_std` their spread.",
-    "eval.extra_datasets": "More test sets; their metrics are prefixed `<name>/`.",
-    "flower.superlink": "Where SuperNodes and `flwr` reach the SuperLink.",
-    "flower.tls": "`auto` or a directory (above); `null`: no TLS.",
-    "flower.auth": "`auto` or a directory of node key pairs (above); `null`: no node authentication.",
-    "flower.connect_timeout": "Seconds to wait for the SuperNodes to connect.",
-    "flower.reply_timeout": "Seconds to wait for a reply when `fed.client_timeout` is unset.",
-    "flower.poll_interval": "Seconds between polls for replies.",
     "fedit.prox_mu": "0: FedAvg; > 0: FedProx's proximal term mu/2 ||w - w_t||^2.",
     "fedit.server_lr": "The server step on the averaged update (1: plain FedAvg).",
     "fedavgm.momentum": "Server momentum beta.",
@@ -470,7 +391,7 @@ def render(names: Iterable[str] | None = None) -> str:
         lines += render_section(f"{key}.", annotation, used, level=2)
     lines += ["## Method sections", "", "The running algorithm's own section, named after it.", ""]
     for name in names:
-        config = get_algorithm(name).Config
+        config = config_class(name)
         lines += render_section(f"{name}.", config, used, level=3, note=method_modes(config))
     skipped = set(registered) - set(names)
     stale = sorted(key for key in set(NOTES) - used if key.split(".")[0] not in skipped)
