@@ -7,7 +7,7 @@ The common sections are the fields of ``fedtune.config.ExperimentConfig``; each 
 the ``Config`` class of the algorithm registered under that name (``fedtune.plugins``), wherever its
 module lives. A key's text is, first found: the field's ``description``, the string literal under the
 field (an attribute docstring), the comment lines right above it or the comment at the end of its line.
-Keys whose class documents nothing yet take their text from ``NOTES`` below.
+A key without any of these is an error: every key is documented beside its field.
 """
 
 from __future__ import annotations
@@ -37,93 +37,6 @@ from fedtune.plugins import algorithm_names, config_class  # noqa: E402
 OUTPUT = ROOT / "docs" / "config.md"
 WIDTH = 120
 COMMAND = "python scripts/config_reference.py"
-
-# Text for keys whose class does not document them (yet); the class's own text wins once it exists.
-# A note for a key that no class has is an error, so a renamed key cannot leave a stale note behind.
-NOTES: dict[str, str] = {
-    "fedit.prox_mu": "0: FedAvg; > 0: FedProx's proximal term mu/2 ||w - w_t||^2.",
-    "fedit.server_lr": "The server step on the averaged update (1: plain FedAvg).",
-    "fedavgm.momentum": "Server momentum beta.",
-    "fedavgm.server_lr": "Server learning rate.",
-    "fedpt.large_model": "The black-box large LM the server proxy-tunes (same vocabulary as `model:`).",
-    "fedpt.distill": "`false`: the FedAvg+PT baseline (no distillation step).",
-    "fedpt.alpha": "Proxy strength in the distillation teacher (and decoding when not searched).",
-    "fedpt.large_dtype": "The large model's dtype.",
-    "fedpt.alpha_search_seeds": "Sampling seeds per alpha candidate in the search.",
-    "fedpt.alpha_search_examples": "Validation examples the search reads (`null`: all).",
-    "fedpt.alpha_search_metric": "The validation metric alpha is picked by (lowest perplexity, else highest "
-    "score); `null`: the first generation metric of `eval.metrics` (perplexity when it lists none).",
-    "fedpt.alpha_grid": "The alpha values searched on the validation split.",
-    "fedpt.alpha_search": "When alpha is searched: at the final round, every eval round or never.",
-    "fedpt.kd_lambda": "Weight of the KL term in the distillation loss (1 - lambda on the CE term).",
-    "fedpt.kd_examples": "Public examples distilled on.",
-    "fedpt.kd_batch_size": "Public examples per distillation step.",
-    "fedpt.kd_optimizer": "The distillation's optimizer.",
-    "fedpt.kd_lr": "The distillation's learning rate.",
-    "fedpt.kd_weight_decay": "The distillation's weight decay.",
-    "fedpt.kd_schedule": "The distillation's learning-rate schedule within a round.",
-    "fedpt.kd_momentum": "The distillation's SGD momentum.",
-    "fedpt.kd_warmup_ratio": "The distillation's warm-up share.",
-    "fedpt.kd_min_lr_ratio": "The distillation's final learning rate as a share of `kd_lr`.",
-    "fedpt.kd_clip_norm": "The distillation's gradient clipping.",
-    "fedpt.kd_steps": "Distillation steps per round.",
-    "fedpt.teacher_cache": "Where the frozen teacher logits are kept: computed once per run on disk or in "
-    "memory, or recomputed every round.",
-    "fedpt.teacher_dtype": "Storage dtype of the cached teacher logits.",
-    "fedpt.eval_small": "Also evaluate the small model alone (metrics `small/<metric>`).",
-    "perfit.sparsity": "s: the search starts from rank r / (1 - s).",
-    "perfit.expanded_rank": "The expanded rank r_e (overrides the one `sparsity` gives).",
-    "perfit.budgets": "Per-client ranks, round-robin over the clients (default: `lora.r` for all).",
-    "perfit.search_steps": "T_p: importance steps of the search.",
-    "perfit.importance": "Importance score: first order, second order (Fisher) or mixed.",
-    "perfit.search_batches": "Batches each search step reads (default: all local batches).",
-    "fedmkt.clients": "The clients' SLMs; client `cNN` holds `clients[NN % len]`; empty: every client "
-    "holds `model:`.",
-    "fedmkt.lam": "lam CE + (1 - lam) KD.",
-    "fedmkt.top_k": "Logits per response token that travel.",
-    "fedmkt.public_examples": "Public examples used (default: all of the public split).",
-    "fedmkt.llm_learns": "`false`: the LLM2SLM baseline (the LLM only teaches).",
-    "fedmkt.slm_learns": "`false`: the SLMs only teach.",
-    "fedmkt.slm_fedavg": "Homogeneous setting: FedAvg of the SLMs' LoRA after local training.",
-    "fedmkt.llm_train": "The LLM's own training settings (keys of `train:`).",
-    "fedbiot.split": "`last`: FedBiOT's adapter; `first_last`: Offsite-tuning's and FedOT's.",
-    "fedbiot.adapter_layers": "Layers in the adapter.",
-    "fedbiot.dropout": "Share of the non-adapter layers the emulator drops.",
-    "fedbiot.adapter_mode": "Train the adapter layers whole (`full`) or LoRA on them.",
-    "fedbiot.prox_eps": "The clients' proximal term eps.",
-    "fedbiot.align_lambda": "Weight of the KL term in the emulator alignment.",
-    "fedbiot.init_steps": "Emulator distillation steps before training (I_0).",
-    "fedbiot.align_steps": "Alignment steps every round (0: the emulator stays fixed).",
-    "fedbiot.align_batch_size": "Public examples per alignment step.",
-    "fedbiot.align_optimizer": "The alignment's optimizer.",
-    "fedbiot.align_lr": "The alignment's learning rate.",
-    "fedbiot.align_clip_norm": "Gradient clipping of the alignment (its optimizer persists across rounds).",
-    "fedbiot.public_dataset": "The built-in dataset whose public split the emulator is aligned on "
-    "(default: the training dataset's).",
-    "fedbiot.public_examples": "Public examples used.",
-    "fedbiot.client_cache": "Where clients keep received weights: `auto` = disk on Flower, memory in "
-    "simulation.",
-    "fedpft.submodel": "`ffn`: FedPFT; `full`: FedPETuning; `layerdrop`: FedOT.",
-    "fedpft.keep_ratio": "Share of each FFN's neurons the sub-model keeps.",
-    "fedpft.keep_layers": "Layers whose FFN is kept whole.",
-    "fedpft.drop": "`layerdrop`: share of the middle layers dropped.",
-    "fedpft.edge_layers": "`layerdrop`: adapter layers at each end (where FedOT's LoRA trains).",
-    "fedpft.emulator_lora": "`layerdrop`: also train LoRA on the emulator's layers (a variant).",
-    "fedpft.labels": "Class names (default: the records' choices or a built-in set's categories).",
-    "fedpft.distill_steps": "Layer-level distillation steps (0: the ablation without it).",
-    "fedpft.distill_lr": "Learning rate of the layer-level distillation (AdamW).",
-    "fedpft.distill_batch_size": "Public examples per distillation step.",
-    "fedpft.public_examples": "Public examples used.",
-    "fedpft.neuron_steps": "Steps of each neuron-level distillation.",
-    "fedpft.mu": "Weight of eq. 13's FFN product term.",
-    "fedpft.public_dataset": "The built-in dataset whose public split is distilled on (default: the "
-    "training dataset's; `all`: every built-in dataset's public split, a general corpus).",
-    "fedpft.neuron_every": "Neuron-level distillation every this many rounds (0: the ablation without it).",
-    "fedpft.freeze_fraction": "Share of neurons frozen (the most active on client data).",
-    "fedpft.apoz_examples": "Examples per client for the APoZ statistics.",
-    "fedpft.client_cache": "Where clients keep the received sub-model: `auto` = disk on Flower, memory in "
-    "simulation.",
-}
 
 INTRO = """\
 A run is one YAML file, validated before anything runs: an unknown key fails with a "did you mean", a
@@ -278,8 +191,8 @@ def default_text(info: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- rendering
-class StaleNotes(ValueError):
-    """``NOTES`` names a key that no config class has."""
+class Undocumented(ValueError):
+    """A config key whose class gives it no text."""
 
 
 def item(key: str, info: Any, text: str) -> str:
@@ -304,8 +217,15 @@ def item(key: str, info: Any, text: str) -> str:
     )
 
 
+def _text(key: str, text: str, undocumented: list[str]) -> str:
+    """``text``, noting ``key`` as undocumented when it is empty."""
+    if not text:
+        undocumented.append(key)
+    return text
+
+
 def render_section(
-    prefix: str, model: type[BaseModel], used: set[str], level: int, note: str = ""
+    prefix: str, model: type[BaseModel], undocumented: list[str], level: int, note: str = ""
 ) -> list[str]:
     """One section's heading, its class text and an item per key; nested sections follow it.
 
@@ -329,11 +249,10 @@ def render_section(
         ):
             nested.append((dotted, annotation))
             continue
-        used.add(dotted)
-        lines.append(item(key, info, docs.get(name) or NOTES.get(dotted, "")))
+        lines.append(item(key, info, _text(dotted, docs.get(name, ""), undocumented)))
     lines.append("")
     for dotted, annotation in nested:
-        lines += render_section(f"{dotted}.", annotation, used, level + 1)
+        lines += render_section(f"{dotted}.", annotation, undocumented, level + 1)
     return lines
 
 
@@ -374,9 +293,8 @@ def method_modes(config: type) -> str:
 def render(names: Iterable[str] | None = None) -> str:
     """The whole page: the common sections, then the own section of every algorithm in ``names``
     (default: every registered one)."""
-    registered = algorithm_names()
-    names = list(registered if names is None else names)
-    used: set[str] = set()
+    names = list(algorithm_names() if names is None else names)
+    undocumented: list[str] = []
     keys = [*SHARED_SECTIONS.values(), *names]
     sections = ["[top level](#top-level)", *(f"[`{key}`](#{key})" for key in keys)]
     intro = _reflow(INTRO.format(command=COMMAND, sections=", ".join(sections))).rstrip()
@@ -384,20 +302,19 @@ def render(names: Iterable[str] | None = None) -> str:
     docs = field_docs(ExperimentConfig)
     for name, info in ExperimentConfig.model_fields.items():
         if info.annotation not in SHARED_SECTIONS:
-            used.add(info.alias or name)
-            lines.append(item(info.alias or name, info, docs.get(name) or NOTES.get(name, "")))
+            key = info.alias or name
+            lines.append(item(key, info, _text(key, docs.get(name, ""), undocumented)))
     lines.append("")
     for annotation, key in SHARED_SECTIONS.items():
-        lines += render_section(f"{key}.", annotation, used, level=2)
+        lines += render_section(f"{key}.", annotation, undocumented, level=2)
     lines += ["## Method sections", "", "The running algorithm's own section, named after it.", ""]
     for name in names:
         config = config_class(name)
-        lines += render_section(f"{name}.", config, used, level=3, note=method_modes(config))
-    skipped = set(registered) - set(names)
-    stale = sorted(key for key in set(NOTES) - used if key.split(".")[0] not in skipped)
-    if stale:
-        raise StaleNotes(
-            f"{Path(__file__).name}: NOTES names keys that no config class has: {', '.join(stale)}"
+        lines += render_section(f"{name}.", config, undocumented, level=3, note=method_modes(config))
+    if undocumented:
+        raise Undocumented(
+            "config keys without documentation beside their field (a string under it): "
+            + ", ".join(undocumented)
         )
     return "\n".join(lines).rstrip() + "\n"
 
@@ -408,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         text = render()
-    except StaleNotes as exc:
+    except Undocumented as exc:
         print(exc, file=sys.stderr)
         return 1
     if args.check:
