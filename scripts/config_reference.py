@@ -7,7 +7,7 @@ The common sections are the fields of ``fedtune.config.ExperimentConfig``; each 
 the ``Config`` class of the algorithm registered under that name (``fedtune.plugins``), wherever its
 module lives. A key's text is, first found: the field's ``description``, the string literal under the
 field (an attribute docstring), the comment lines right above it or the comment at the end of its line.
-Keys whose class documents nothing yet take their text from ``NOTES`` below.
+A key without any of these is an error: every key is documented beside its field.
 """
 
 from __future__ import annotations
@@ -31,178 +31,12 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedtune.algorithms.registry import get_algorithm  # noqa: E402
 from fedtune.config import ExperimentConfig  # noqa: E402
-from fedtune.plugins import algorithm_names  # noqa: E402
+from fedtune.plugins import algorithm_names, config_class  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "config.md"
 WIDTH = 120
 COMMAND = "python scripts/config_reference.py"
-
-# Text for keys whose class does not document them (yet); the class's own text wins once it exists.
-# A note for a key that no class has is an error, so a renamed key cannot leave a stale note behind.
-NOTES: dict[str, str] = {
-    "name": "The run's name; the run directory is `runs/<name>` unless `output_dir` is set.",
-    "seed": "Every random choice (sampling, partitions, dropout, evaluation subsets) derives from it.",
-    "algorithm": "The method that runs; its own section (below) is validated by its config class.",
-    "output_dir": "The run directory (default `runs/<name>`).",
-    "progress": "Show progress: bars on a terminal; elsewhere (a pipe, a log, CI) one plain line per phase "
-    "and per finished client task.",
-    "model.name": "A zoo name, a local directory, a `.gguf` file, a Hugging Face id or a tiny test model "
-    "(`tiny-llama`, `tiny-qwen2`, `tiny-gpt2`).",
-    "model.dtype": "`auto`: fp32 on CPU, bf16 on GPU.",
-    "model.device": "`auto`: the CUDA GPU if there is one, else the CPU; or a torch device (`cuda:1`).",
-    "model.gguf_file": "The file inside a GGUF repository or directory to load.",
-    "model.cache_dir": "The model cache (default `$FEDTUNE_CACHE` or `~/.cache/fedtune`).",
-    "lora.r": "LoRA rank.",
-    "lora.alpha": "LoRA scaling numerator (the update is scaled by alpha / r).",
-    "lora.dropout": "LoRA dropout.",
-    "lora.target_modules": "The adapted projections; `auto`: q and v projections.",
-    "data.dataset": "A built-in name (`fedtune data list`), a file: jsonl, json, csv, parquet or a "
-    "Hugging Face dataset directory, or a Hugging Face Hub dataset id (`owner/name`, when no such file "
-    "exists; its `train` split).",
-    "data.schema": "The record layout of a file: Alpaca (`instruction/input/output`) or Dolly "
-    "(`instruction/context/response/category`).",
-    "data.format": "The file format (`auto`: from the file name; `hf` for a hub id).",
-    "data.max_length": "Tokens per example; longer examples are cut.",
-    "data.max_train_examples": "Use at most this many training records (a seeded sample).",
-    "data.eval_split": "The split the run evaluates on.",
-    "data.template": "The prompt wrapper training and evaluation use.",
-    "data.eval_dataset": "Evaluate on this dataset instead of the training dataset's `eval_split` "
-    "(e.g. `humaneval`).",
-    "data.length_bucketing": "Batch examples of similar length together (less padding).",
-    "data.partition.scheme": "How the training data is split over clients.",
-    "data.partition.num_clients": "Clients in the federation.",
-    "data.partition.min_partition_size": "Dirichlet partitions: the smallest partition a client may get.",
-    "data.partition.by": "The record field that Dirichlet, pathological and natural partitions split by.",
-    "data.partition.alpha": "The Dirichlet concentration (smaller: more skewed).",
-    "data.partition.classes_per_client": "Pathological partitions: categories per client.",
-    "train.optimizer": "The clients' local optimizer.",
-    "train.lr": "Peak learning rate.",
-    "train.weight_decay": "Weight decay.",
-    "train.betas": "AdamW betas.",
-    "train.momentum": "SGD momentum.",
-    "train.batch_size": "Examples per step.",
-    "train.grad_accum": "Batches accumulated per optimizer step.",
-    "train.schedule": "Learning-rate schedule.",
-    "train.warmup_ratio": "Share of the schedule spent warming up.",
-    "train.min_lr_ratio": "The schedule's final learning rate as a share of `lr`.",
-    "train.local_epochs": "Local passes over a client's data per round (unless `max_steps` is set).",
-    "train.max_steps": "Local steps per round; overrides `local_epochs`.",
-    "train.schedule_scope": "`round`: the schedule restarts every round; `global`: it spans the run.",
-    "train.clip_norm": "Gradient norm clipping (`null`: none).",
-    "fed.mode": "`federated`, or a baseline: `standalone` (each client trains on its own data only; the "
-    "evaluation averages the client models) or `centralized` (one model on the union of the client data).",
-    "fed.rounds": "Federated rounds.",
-    "fed.fraction": "Share of the clients sampled per round when `clients_per_round` is unset.",
-    "fed.clients_per_round": "Clients sampled per round (default: `fraction` of them).",
-    "fed.min_replies": "A round counts when at least this many sampled clients replied.",
-    "fed.client_timeout": "Seconds to wait for a client's reply.",
-    "fed.norm_bound": "Reject a reply whose update norm exceeds this.",
-    "fed.keep_checkpoints": "How many round checkpoints to keep.",
-    "fed.backend": "`simulation` (in-process), `flower` (a Flower deployment) or `ray` (Ray actors; "
-    "`docs/scaling.md`).",
-    "eval.metrics": "What is scored; `acc` and `acc_norm` score multiple-choice records by the "
-    "log-likelihood of each choice (`acc_norm`: divided by the choice's length in characters).",
-    "eval.max_examples": "Test examples scored (a seeded subset; `null`: all).",
-    "eval.max_new_tokens": "Tokens generated per answer.",
-    "eval.batch_size": "Examples per evaluation batch.",
-    "eval.top_p": "Nucleus sampling mass.",
-    "eval.every": "Evaluate every this many rounds (and after the last).",
-    "eval.before": "Evaluate before training too (round 0).",
-    "eval.temperature": "0 = greedy.",
-    "eval.seeds": "Sampling seeds per evaluation; with sampling, metrics are the mean over seeds and "
-    "`<metric>_std` their spread.",
-    "eval.extra_datasets": "More test sets; their metrics are prefixed `<name>/`.",
-    "flower.superlink": "Where SuperNodes and `flwr` reach the SuperLink.",
-    "flower.tls": "`auto` or a directory (above); `null`: no TLS.",
-    "flower.auth": "`auto` or a directory of node key pairs (above); `null`: no node authentication.",
-    "flower.connect_timeout": "Seconds to wait for the SuperNodes to connect.",
-    "flower.reply_timeout": "Seconds to wait for a reply when `fed.client_timeout` is unset.",
-    "flower.poll_interval": "Seconds between polls for replies.",
-    "fedit.prox_mu": "0: FedAvg; > 0: FedProx's proximal term mu/2 ||w - w_t||^2.",
-    "fedit.server_lr": "The server step on the averaged update (1: plain FedAvg).",
-    "fedavgm.momentum": "Server momentum beta.",
-    "fedavgm.server_lr": "Server learning rate.",
-    "fedpt.large_model": "The black-box large LM the server proxy-tunes (same vocabulary as `model:`).",
-    "fedpt.distill": "`false`: the FedAvg+PT baseline (no distillation step).",
-    "fedpt.alpha": "Proxy strength in the distillation teacher (and decoding when not searched).",
-    "fedpt.large_dtype": "The large model's dtype.",
-    "fedpt.alpha_search_seeds": "Sampling seeds per alpha candidate in the search.",
-    "fedpt.alpha_search_examples": "Validation examples the search reads (`null`: all).",
-    "fedpt.alpha_search_metric": "The validation metric alpha is picked by (lowest perplexity, else highest "
-    "score); `null`: the first generation metric of `eval.metrics` (perplexity when it lists none).",
-    "fedpt.alpha_grid": "The alpha values searched on the validation split.",
-    "fedpt.alpha_search": "When alpha is searched: at the final round, every eval round or never.",
-    "fedpt.kd_lambda": "Weight of the KL term in the distillation loss (1 - lambda on the CE term).",
-    "fedpt.kd_examples": "Public examples distilled on.",
-    "fedpt.kd_batch_size": "Public examples per distillation step.",
-    "fedpt.kd_optimizer": "The distillation's optimizer.",
-    "fedpt.kd_lr": "The distillation's learning rate.",
-    "fedpt.kd_weight_decay": "The distillation's weight decay.",
-    "fedpt.kd_schedule": "The distillation's learning-rate schedule within a round.",
-    "fedpt.kd_momentum": "The distillation's SGD momentum.",
-    "fedpt.kd_warmup_ratio": "The distillation's warm-up share.",
-    "fedpt.kd_min_lr_ratio": "The distillation's final learning rate as a share of `kd_lr`.",
-    "fedpt.kd_clip_norm": "The distillation's gradient clipping.",
-    "fedpt.kd_steps": "Distillation steps per round.",
-    "fedpt.teacher_cache": "Where the frozen teacher logits are kept: computed once per run on disk or in "
-    "memory, or recomputed every round.",
-    "fedpt.teacher_dtype": "Storage dtype of the cached teacher logits.",
-    "fedpt.eval_small": "Also evaluate the small model alone (metrics `small/<metric>`).",
-    "perfit.sparsity": "s: the search starts from rank r / (1 - s).",
-    "perfit.expanded_rank": "The expanded rank r_e (overrides the one `sparsity` gives).",
-    "perfit.budgets": "Per-client ranks, round-robin over the clients (default: `lora.r` for all).",
-    "perfit.search_steps": "T_p: importance steps of the search.",
-    "perfit.importance": "Importance score: first order, second order (Fisher) or mixed.",
-    "perfit.search_batches": "Batches each search step reads (default: all local batches).",
-    "fedmkt.clients": "The clients' SLMs; client `cNN` holds `clients[NN % len]`; empty: every client "
-    "holds `model:`.",
-    "fedmkt.lam": "lam CE + (1 - lam) KD.",
-    "fedmkt.top_k": "Logits per response token that travel.",
-    "fedmkt.public_examples": "Public examples used (default: all of the public split).",
-    "fedmkt.llm_learns": "`false`: the LLM2SLM baseline (the LLM only teaches).",
-    "fedmkt.slm_learns": "`false`: the SLMs only teach.",
-    "fedmkt.slm_fedavg": "Homogeneous setting: FedAvg of the SLMs' LoRA after local training.",
-    "fedmkt.llm_train": "The LLM's own training settings (keys of `train:`).",
-    "fedbiot.split": "`last`: FedBiOT's adapter; `first_last`: Offsite-tuning's and FedOT's.",
-    "fedbiot.adapter_layers": "Layers in the adapter.",
-    "fedbiot.dropout": "Share of the non-adapter layers the emulator drops.",
-    "fedbiot.adapter_mode": "Train the adapter layers whole (`full`) or LoRA on them.",
-    "fedbiot.prox_eps": "The clients' proximal term eps.",
-    "fedbiot.align_lambda": "Weight of the KL term in the emulator alignment.",
-    "fedbiot.init_steps": "Emulator distillation steps before training (I_0).",
-    "fedbiot.align_steps": "Alignment steps every round (0: the emulator stays fixed).",
-    "fedbiot.align_batch_size": "Public examples per alignment step.",
-    "fedbiot.align_optimizer": "The alignment's optimizer.",
-    "fedbiot.align_lr": "The alignment's learning rate.",
-    "fedbiot.align_clip_norm": "Gradient clipping of the alignment (its optimizer persists across rounds).",
-    "fedbiot.public_dataset": "The built-in dataset whose public split the emulator is aligned on "
-    "(default: the training dataset's).",
-    "fedbiot.public_examples": "Public examples used.",
-    "fedbiot.client_cache": "Where clients keep received weights: `auto` = disk on Flower, memory in "
-    "simulation.",
-    "fedpft.submodel": "`ffn`: FedPFT; `full`: FedPETuning; `layerdrop`: FedOT.",
-    "fedpft.keep_ratio": "Share of each FFN's neurons the sub-model keeps.",
-    "fedpft.keep_layers": "Layers whose FFN is kept whole.",
-    "fedpft.drop": "`layerdrop`: share of the middle layers dropped.",
-    "fedpft.edge_layers": "`layerdrop`: adapter layers at each end (where FedOT's LoRA trains).",
-    "fedpft.emulator_lora": "`layerdrop`: also train LoRA on the emulator's layers (a variant).",
-    "fedpft.labels": "Class names (default: the records' choices or a built-in set's categories).",
-    "fedpft.distill_steps": "Layer-level distillation steps (0: the ablation without it).",
-    "fedpft.distill_lr": "Learning rate of the layer-level distillation (AdamW).",
-    "fedpft.distill_batch_size": "Public examples per distillation step.",
-    "fedpft.public_examples": "Public examples used.",
-    "fedpft.neuron_steps": "Steps of each neuron-level distillation.",
-    "fedpft.mu": "Weight of eq. 13's FFN product term.",
-    "fedpft.public_dataset": "The built-in dataset whose public split is distilled on (default: the "
-    "training dataset's; `all`: every built-in dataset's public split, a general corpus).",
-    "fedpft.neuron_every": "Neuron-level distillation every this many rounds (0: the ablation without it).",
-    "fedpft.freeze_fraction": "Share of neurons frozen (the most active on client data).",
-    "fedpft.apoz_examples": "Examples per client for the APoZ statistics.",
-    "fedpft.client_cache": "Where clients keep the received sub-model: `auto` = disk on Flower, memory in "
-    "simulation.",
-}
 
 INTRO = """\
 A run is one YAML file, validated before anything runs: an unknown key fails with a "did you mean", a
@@ -357,8 +191,8 @@ def default_text(info: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- rendering
-class StaleNotes(ValueError):
-    """``NOTES`` names a key that no config class has."""
+class Undocumented(ValueError):
+    """A config key whose class gives it no text."""
 
 
 def item(key: str, info: Any, text: str) -> str:
@@ -383,8 +217,15 @@ def item(key: str, info: Any, text: str) -> str:
     )
 
 
+def _text(key: str, text: str, undocumented: list[str]) -> str:
+    """``text``, noting ``key`` as undocumented when it is empty."""
+    if not text:
+        undocumented.append(key)
+    return text
+
+
 def render_section(
-    prefix: str, model: type[BaseModel], used: set[str], level: int, note: str = ""
+    prefix: str, model: type[BaseModel], undocumented: list[str], level: int, note: str = ""
 ) -> list[str]:
     """One section's heading, its class text and an item per key; nested sections follow it.
 
@@ -408,11 +249,10 @@ def render_section(
         ):
             nested.append((dotted, annotation))
             continue
-        used.add(dotted)
-        lines.append(item(key, info, docs.get(name) or NOTES.get(dotted, "")))
+        lines.append(item(key, info, _text(dotted, docs.get(name, ""), undocumented)))
     lines.append("")
     for dotted, annotation in nested:
-        lines += render_section(f"{dotted}.", annotation, used, level + 1)
+        lines += render_section(f"{dotted}.", annotation, undocumented, level + 1)
     return lines
 
 
@@ -453,9 +293,8 @@ def method_modes(config: type) -> str:
 def render(names: Iterable[str] | None = None) -> str:
     """The whole page: the common sections, then the own section of every algorithm in ``names``
     (default: every registered one)."""
-    registered = algorithm_names()
-    names = list(registered if names is None else names)
-    used: set[str] = set()
+    names = list(algorithm_names() if names is None else names)
+    undocumented: list[str] = []
     keys = [*SHARED_SECTIONS.values(), *names]
     sections = ["[top level](#top-level)", *(f"[`{key}`](#{key})" for key in keys)]
     intro = _reflow(INTRO.format(command=COMMAND, sections=", ".join(sections))).rstrip()
@@ -463,20 +302,19 @@ def render(names: Iterable[str] | None = None) -> str:
     docs = field_docs(ExperimentConfig)
     for name, info in ExperimentConfig.model_fields.items():
         if info.annotation not in SHARED_SECTIONS:
-            used.add(info.alias or name)
-            lines.append(item(info.alias or name, info, docs.get(name) or NOTES.get(name, "")))
+            key = info.alias or name
+            lines.append(item(key, info, _text(key, docs.get(name, ""), undocumented)))
     lines.append("")
     for annotation, key in SHARED_SECTIONS.items():
-        lines += render_section(f"{key}.", annotation, used, level=2)
+        lines += render_section(f"{key}.", annotation, undocumented, level=2)
     lines += ["## Method sections", "", "The running algorithm's own section, named after it.", ""]
     for name in names:
-        config = get_algorithm(name).Config
-        lines += render_section(f"{name}.", config, used, level=3, note=method_modes(config))
-    skipped = set(registered) - set(names)
-    stale = sorted(key for key in set(NOTES) - used if key.split(".")[0] not in skipped)
-    if stale:
-        raise StaleNotes(
-            f"{Path(__file__).name}: NOTES names keys that no config class has: {', '.join(stale)}"
+        config = config_class(name)
+        lines += render_section(f"{name}.", config, undocumented, level=3, note=method_modes(config))
+    if undocumented:
+        raise Undocumented(
+            "config keys without documentation beside their field (a string under it): "
+            + ", ".join(undocumented)
         )
     return "\n".join(lines).rstrip() + "\n"
 
@@ -487,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         text = render()
-    except StaleNotes as exc:
+    except Undocumented as exc:
         print(exc, file=sys.stderr)
         return 1
     if args.check:

@@ -14,16 +14,18 @@ Validating a config then imports only that module, not the method's model code (
 ``fedtune run`` reports a misspelt key in a fraction of a second. Without it, the config class is the
 algorithm class's ``Config``.
 
-``register`` adds a class at run time (a notebook, a test). This module imports nothing of fedtune,
-so every layer may look algorithms up without an import cycle; loading one imports its module.
+``register`` adds a class at run time (a notebook, a test). This module imports nothing of fedtune but
+``fedtune.suggest`` (which imports nothing of fedtune), so every layer may look algorithms up without an
+import cycle; loading one imports its module.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
+
+from fedtune.suggest import closest
 
 GROUP = "fedtune.algorithms"
 # The built-in methods, also reachable when fedtune runs from a source tree that was never installed.
@@ -93,8 +95,8 @@ def algorithm_class(name: str) -> Any:
     targets = _targets()
     if name not in targets:
         names = algorithm_names()
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        close = closest(name, names)
+        hint = f" (did you mean '{close}'?)" if close else ""
         raise UnknownAlgorithm(f"unknown algorithm {name!r}{hint}; registered: {', '.join(names)}")
     cls = _load(targets[name])
     if getattr(cls, "name", None) != name:

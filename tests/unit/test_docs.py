@@ -1,6 +1,7 @@
 """The docs stay true to the code and the README stays a front door.
 
-- ``docs/config.md`` is what ``scripts/config_reference.py`` writes from the config classes;
+- ``docs/config.md`` is what ``scripts/config_reference.py`` writes from the config classes, every key
+  documented beside its field;
 - the README is short, its lines fit, it opens with the two setup commands and lists every command;
 - the repository names no file outside it.
 """
@@ -14,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from fedtune.config import AlgorithmConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -45,13 +48,24 @@ def test_config_reference_is_current(monkeypatch: pytest.MonkeyPatch) -> None:
     assert committed == expected, f"docs/config.md is out of date with the config classes: run `{REGENERATE}`"
 
 
-def test_config_reference_refuses_a_note_for_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: a note for a key that no config class has (a renamed key, say)
+class BareConfig(AlgorithmConfig):
+    steps: int = 1
+
+
+class Bare:
+    name = "bare"
+    Config = BareConfig
+
+
+def test_config_reference_refuses_a_key_without_documentation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a method whose config key has no text beside its field
+    import fedtune.plugins
+
     module = config_reference()
-    monkeypatch.setitem(module.NOTES, "fed.rounds_typo", "Federated rounds.")
+    monkeypatch.setitem(fedtune.plugins._registered, "bare", Bare)
     # Execute / Assert
-    with pytest.raises(module.StaleNotes, match=r"fed\.rounds_typo"):
-        module.render()
+    with pytest.raises(module.Undocumented, match=r"bare\.steps"):
+        module.render(["bare"])
 
 
 def test_config_reference_lines_fit() -> None:

@@ -6,13 +6,13 @@ source's ``NOTICE``; ``scripts/make_datasets.py`` regenerates them byte for byte
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune.data.records import DataError, Record
+from fedtune.suggest import closest
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 
@@ -41,8 +41,8 @@ def list_builtin() -> list[BuiltinInfo]:
 def builtin_info(name: str) -> BuiltinInfo:
     names = _builtin_names()
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = closest(name, names)
+        hint = f"; did you mean '{close}'?" if close else ""
         raise DataError(f"unknown built-in dataset '{name}'{hint} (available: {', '.join(names)})")
     path = BUILTIN_DIR / name
     meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))

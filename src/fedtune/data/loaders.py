@@ -14,7 +14,6 @@ choice's text. Without ``choices``, a ``label`` field is ignored, as before choi
 from __future__ import annotations
 
 import csv
-import difflib
 import gzip
 import io
 import json
@@ -26,6 +25,7 @@ from typing import Any
 from fedtune.data.builtin import ALL_PUBLIC, list_builtin, load_all_public, load_builtin
 from fedtune.data.code import HUMANEVAL, humaneval_records
 from fedtune.data.records import NO_LABEL, DataError, Record
+from fedtune.suggest import closest
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
 SCHEMAS = ("auto", "alpaca", "dolly")
@@ -97,8 +97,8 @@ def load_dataset_records(
     if format == "auto" and not exists and is_hub_id(spec):
         format = "hf"
     if format != "hf" and not exists:
-        close = difflib.get_close_matches(spec, [*builtins, HUMANEVAL], n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        close = closest(spec, [*builtins, HUMANEVAL])
+        hint = f" (did you mean '{close}'?)" if close else ""
         raise DataError(
             f"{spec}: no such file (relative to {Path.cwd()}), and no built-in dataset of that name{hint}; "
             f"built-in: {', '.join([*builtins, HUMANEVAL])}"

@@ -6,7 +6,6 @@ flag afterwards, so it can run between federated rounds.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +40,7 @@ from fedtune.eval.metrics import (
     perplexity_from_nll,
     rouge_l,
 )
+from fedtune.suggest import closest
 from fedtune.train.losses import head_at_positions
 
 if TYPE_CHECKING:
@@ -418,8 +418,8 @@ def classification_accuracy(model: nn.Module, batches: Iterable[Mapping[str, Ten
 def check_metric_names(metrics: Sequence[str]) -> None:
     for name in metrics:
         if name not in GENERATION_METRICS:
-            close = difflib.get_close_matches(name, GENERATION_METRICS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(name, GENERATION_METRICS)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise ValueError(f"unknown metric {name!r}{hint} (choose from {', '.join(GENERATION_METRICS)})")
 
 

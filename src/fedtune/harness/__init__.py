@@ -9,13 +9,13 @@ knows (they need its data, from the hub or its cache). The scores go to ``eval-l
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedtune.errors import RunError
+from fedtune.suggest import closest
 
 RESULTS_FILE = "eval-lm-eval.json"
 TASKS_DIR_NAME = "lm-eval-tasks"
@@ -60,8 +60,8 @@ def check_tasks(tasks: Sequence[str], known: Sequence[str], *, allow_empty: bool
         raise HarnessError("--tasks is empty: name one or more tasks (`--tasks list` shows them)")
     for name in tasks:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(name, known)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise HarnessError(f"--tasks: lm-eval has no task {name!r}{hint} (`--tasks list` shows them)")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import difflib
 import logging
 import re
 import tempfile
@@ -37,6 +36,7 @@ from transformers import (
 
 from fedtune.models.tiny import TINY_ARCHS, TINY_TOKENIZERS, tiny_model, tiny_tokenizer
 from fedtune.models.zoo import convert_gguf_cached, default_cache_dir, fetch, get_entry, zoo_names
+from fedtune.suggest import closest
 
 ModelKind = Literal["causal-lm", "encoder"]
 PaddingSide = Literal["left", "right"]
@@ -122,8 +122,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         on_bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if on_bf16_gpu else torch.float32
     if dtype not in _DTYPES:
-        close = difflib.get_close_matches(dtype, [*_DTYPES, "auto"], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(dtype, [*_DTYPES, "auto"])
+        hint = f"; did you mean {close!r}?" if close else ""
         raise ModelError(f"unknown dtype {dtype!r}{hint} (use auto, fp32, bf16 or fp16)")
     return _DTYPES[dtype]
 
@@ -201,8 +201,8 @@ def _not_found(name: str, err: BaseException) -> ModelError:
     from huggingface_hub.constants import is_offline_mode
 
     known = [*zoo_names(), *(f"tiny-{arch}" for arch in TINY_ARCHS)]
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    close = closest(name, known, cutoff=0.4)
+    hint = f" Did you mean {close!r}?" if close else ""
     where = (
         "in the local Hugging Face cache (offline mode: HF_HUB_OFFLINE is set)"
         if is_offline_mode()

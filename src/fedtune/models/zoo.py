@@ -20,7 +20,6 @@ renamed into place only once complete, so an interrupted or failed fetch leaves 
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -37,6 +36,8 @@ from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from fedtune.suggest import closest
 
 MARKER_FILE = "fedtune-zoo.json"
 _BLOCK_SIZE = 8 * 1024 * 1024
@@ -183,8 +184,8 @@ def get_entry(name: str) -> ZooEntry:
     for entry in ZOO:
         if entry.name == name:
             return entry
-    close = difflib.get_close_matches(name, zoo_names(), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(name, zoo_names(), cutoff=0.5)
+    hint = f"; did you mean {close!r}?" if close else ""
     raise ZooError(f"unknown zoo model {name!r}{hint} (zoo: {', '.join(zoo_names())})")
 
 

@@ -13,4 +13,6 @@ class FedAvgMConfig(AlgorithmConfig):
     dp_refused = None  # every client-dependent change of the model goes through Algorithm.aggregate
 
     momentum: float = Field(0.9, ge=0, lt=1)
+    """Server momentum beta."""
     server_lr: float = Field(1.0, gt=0)
+    """Server learning rate."""

@@ -27,20 +27,36 @@ class FedBiOTConfig(AlgorithmConfig):
     )
 
     split: Literal["last", "first_last"] = "last"
+    """`last`: FedBiOT's adapter; `first_last`: Offsite-tuning's and FedOT's."""
     adapter_layers: int = Field(2, ge=1)
+    """Layers in the adapter."""
     dropout: float = Field(0.2, ge=0, lt=1)
+    """Share of the non-adapter layers the emulator drops."""
     adapter_mode: Literal["full", "lora"] = "full"
+    """Train the adapter layers whole (`full`) or LoRA on them."""
     prox_eps: float = Field(0.5, ge=0)
+    """The clients' proximal term eps."""
     align_lambda: float = Field(0.5, ge=0)
+    """Weight of the KL term in the emulator alignment."""
     init_steps: int = Field(50, ge=0)
+    """Emulator distillation steps before training (I_0)."""
     align_steps: int = Field(10, ge=0)
+    """Alignment steps every round (0: the emulator stays fixed)."""
     align_batch_size: int = Field(4, ge=1)
+    """Public examples per alignment step."""
     align_optimizer: Literal["sgd", "adamw"] = "sgd"
+    """The alignment's optimizer."""
     align_lr: float = Field(1e-3, gt=0)
+    """The alignment's learning rate."""
     align_clip_norm: float | None = Field(1.0, gt=0)
+    """Gradient clipping of the alignment (its optimizer persists across rounds)."""
     public_dataset: str | None = None
+    """The built-in dataset whose public split the emulator is aligned on (default: the training
+    dataset's)."""
     public_examples: int | None = Field(512, ge=1)
+    """Public examples used."""
     client_cache: Literal["auto", "memory", "disk"] = "auto"
+    """Where clients keep received weights: `auto` = disk on Flower, memory in simulation."""
     # A directory shared by runs: the initial emulator distillation is kept there under the
     # fingerprint of the settings it depends on, and reused by any run with the same settings.
     init_cache: str | None = None

@@ -48,15 +48,23 @@ class FedMKTConfig(AlgorithmConfig):
     )
 
     clients: list[str] = Field(default_factory=list)
+    """The clients' SLMs; client `cNN` holds `clients[NN % len]`; empty: every client holds `model:`."""
     lam: float = Field(0.9, ge=0, le=1)
+    """lam CE + (1 - lam) KD."""
     top_k: int = Field(16, ge=1)
+    """Logits per response token that travel."""
     compress: bool = True
     """Top-k ids and values travel deflated (``wire``); bytes are counted as sent."""
     public_examples: int | None = Field(None, ge=1)
+    """Public examples used (default: all of the public split)."""
     llm_learns: bool = True
+    """`false`: the LLM2SLM baseline (the LLM only teaches)."""
     slm_learns: bool = True
+    """`false`: the SLMs only teach."""
     slm_fedavg: bool = False
+    """Homogeneous setting: FedAvg of the SLMs' LoRA after local training."""
     llm_train: TrainConfig = Field(default_factory=paper_llm_training)
+    """The LLM's own training settings (keys of `train:`)."""
     slm_eval: Literal["heldout", "test"] = "heldout"
     """What each client evaluates its SLM on (``eval.personal``): its held-out split, or the run's test
     set (the paper's protocol: every model on the task's test set, comparable with centralized SLMs)."""

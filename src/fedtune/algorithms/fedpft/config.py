@@ -29,17 +29,27 @@ class FedPFTConfig(AlgorithmConfig):
     )
 
     submodel: Literal["ffn", "full", "layerdrop"] = "ffn"
+    """`ffn`: FedPFT; `full`: FedPETuning; `layerdrop`: FedOT."""
     keep_ratio: float = Field(0.25, gt=0, le=1)
+    """Share of each FFN's neurons the sub-model keeps."""
     keep_layers: list[int] = Field(default_factory=lambda: [0, -1])
+    """Layers whose FFN is kept whole."""
     drop: float = Field(0.5, ge=0, lt=1)
+    """`layerdrop`: share of the middle layers dropped."""
     edge_layers: int = Field(1, ge=0)
+    """`layerdrop`: adapter layers at each end (where FedOT's LoRA trains)."""
     emulator_lora: bool = False
+    """`layerdrop`: also train LoRA on the emulator's layers (a variant)."""
     labels: list[str] | None = None
+    """Class names (default: the records' choices or a built-in set's categories)."""
     # Layer-level distillation (eq. 13) before federated learning, on public data.
     distill_steps: int = Field(100, ge=0)
     distill_lr: float = Field(1e-4, gt=0)
+    """Learning rate of the layer-level distillation (AdamW)."""
     distill_batch_size: int = Field(8, ge=1)
+    """Public examples per distillation step."""
     mu: float = Field(0.0, ge=0)
+    """Weight of eq. 13's FFN product term."""
     # ``mse``: eq. 13's hidden-state MSE; ``token_relative``: each position's error relative to the
     # full model's norm there (for decoders, whose first token carries huge activations);
     # ``layer_relative``: each layer's error relative to the full model's scale there (the authors' code).
@@ -48,17 +58,25 @@ class FedPFTConfig(AlgorithmConfig):
     # ``distill_warmup_ratio`` of its steps, then constant or cosine decay to 0.
     distill_schedule: Literal["constant", "cosine"] = "constant"
     distill_warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    """Share of each distillation's steps spent warming up its learning rate."""
     # Train the compressed layers' FFN output LayerNorm with their FFN (the authors' code does): BERT's
     # ``output.LayerNorm``, Gemma-3's ``post_feedforward_layernorm``; re-sent with the FFNs.
     distill_norms: bool = False
     public_dataset: str | None = None
+    """The built-in dataset whose public split is distilled on (default: the training dataset's; `all`: every
+    built-in dataset's public split, a general corpus)."""
     public_examples: int | None = Field(512, ge=1)
+    """Public examples used."""
     # Neuron-level distillation (eq. 14) every ``neuron_every`` rounds (0: never).
     neuron_every: int = Field(10, ge=0)
     freeze_fraction: float = Field(0.5, ge=0, le=1)
+    """Share of neurons frozen (the most active on client data)."""
     neuron_steps: int = Field(50, ge=0)
+    """Steps of each neuron-level distillation."""
     apoz_examples: int | None = Field(64, ge=1)
+    """Examples per client for the APoZ statistics."""
     client_cache: Literal["auto", "memory", "disk"] = "auto"
+    """Where clients keep the received sub-model: `auto` = disk on Flower, memory in simulation."""
 
     # The LoRA + head are aggregated through Algorithm.aggregate; the layer-level distillation uses
     # public data. The neuron-level one does not qualify (``dp_problem``).

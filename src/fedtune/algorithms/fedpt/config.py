@@ -51,36 +51,59 @@ class FedPTConfig(AlgorithmConfig):
     api_concurrency: int = Field(4, ge=1)
     """With an API: batch rows in flight at once."""
     large_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The large model's dtype."""
     distill: bool = True
+    """`false`: the FedAvg+PT baseline (no distillation step)."""
     alpha: float = Field(1.0, ge=0)
+    """Proxy strength in the distillation teacher (and decoding when not searched)."""
     alpha_grid: list[float] = Field(default_factory=lambda: [1.0, 1.3, 1.5, 1.8, 2.0])
+    """The alpha values searched on the validation split."""
     alpha_search: Literal["final", "every", "never"] = "final"
+    """When alpha is searched: at the final round, every eval round or never."""
     alpha_search_seeds: int = Field(1, ge=1)
+    """Sampling seeds per alpha candidate in the search."""
     alpha_search_examples: int | None = Field(None, ge=1)
+    """Validation examples the search reads (`null`: all)."""
     # the proxy is scored by generation or perplexity; multiple-choice metrics do not apply to it
     alpha_search_metric: SearchMetric | None = None
     """The validation metric alpha is picked by (lowest perplexity, else highest score); null: the first
     generation metric of `eval.metrics` (perplexity when it lists none)."""
     kd_lambda: float = Field(0.1, ge=0, le=1)
+    """Weight of the KL term in the distillation loss (1 - lambda on the CE term)."""
     public_dataset: str | None = None
     """The public set the proxy is distilled on: a built-in dataset (its `public` split), `all` (every
     built-in public split) or a file; null: the training dataset's public split."""
     kd_examples: int = Field(128, ge=1)
+    """Public examples distilled on."""
     kd_batch_size: int = Field(16, ge=1)
+    """Public examples per distillation step."""
     kd_steps: int = Field(8, ge=1)
+    """Distillation steps per round."""
     kd_optimizer: Literal["adamw", "sgd", "prodigy"] = "prodigy"
+    """The distillation's optimizer."""
     kd_lr: float = Field(1.0, gt=0)
+    """The distillation's learning rate."""
     kd_weight_decay: float = Field(0.01, ge=0)
+    """The distillation's weight decay."""
     kd_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """The distillation's learning-rate schedule within a round."""
     # The distillation's own optimiser settings (the defaults are train's defaults, as before).
     kd_betas: tuple[float, float] = (0.9, 0.999)
     kd_momentum: float = Field(0.0, ge=0)
+    """The distillation's SGD momentum."""
     kd_warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    """The distillation's warm-up share."""
     kd_min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """The distillation's final learning rate as a share of `kd_lr`."""
     kd_clip_norm: float | None = Field(1.0, gt=0)
+    """The distillation's gradient clipping."""
     teacher_cache: Literal["disk", "memory", "recompute"] = "disk"
+    """Where the frozen teacher logits are kept: computed once per run on disk or in memory, or recomputed
+    every round."""
     teacher_dtype: Literal["fp16", "fp32"] = "fp16"
+    """Storage dtype of the cached teacher logits."""
     eval_small: bool = True
+    """Also evaluate the small model alone (metrics `small/<metric>`)."""
     # Also evaluate the proxy over the small model after the round's distillation (``distilled/``
     # metrics; the output of Alg. 1, evaluated without prefix, is the proxy over the aggregate before it).
     eval_distilled: bool = False

@@ -25,11 +25,17 @@ class PerFITConfig(AlgorithmConfig):
     )
 
     sparsity: float = Field(0.5, gt=0, lt=1)
+    """s: the search starts from rank r / (1 - s)."""
     expanded_rank: int | None = Field(None, ge=1)
+    """The expanded rank r_e (overrides the one `sparsity` gives)."""
     budgets: list[int] | None = None
+    """Per-client ranks, round-robin over the clients (default: `lora.r` for all)."""
     search_steps: int = Field(5, ge=1)
+    """T_p: importance steps of the search."""
     importance: Importance = "first"
+    """Importance score: first order, second order (Fisher) or mixed."""
     search_batches: int | None = Field(None, ge=1)
+    """Batches each search step reads (default: all local batches)."""
     # Where a sampled client starts its round. "global" (the paper, sec. 4.1 step 4): the server keeps a
     # dense expanded module G, sends each sampled client G at its mask and updates G on the entries the
     # round's clients hold. "own" (an ablation): the client resumes from its own values of the last
