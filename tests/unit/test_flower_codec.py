@@ -10,8 +10,8 @@ import pytest
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
-from fedtune.flower.codec import decode_meta, decode_payload, encode_payload
 from fedtune.fl.payload import Payload, PayloadError, payload_nbytes, tensor_to_array
+from fedtune.flower.codec import decode_meta, decode_payload, encode_payload
 from fedtune.flower.worker import pack_arrays, recv_frame, send_frame, unpack_arrays
 
 
