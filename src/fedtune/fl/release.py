@@ -32,37 +32,36 @@ if TYPE_CHECKING:
     from fedtune.config import ExperimentConfig
 
 
-# ----- the rules: each bound and count resolved from the config, once -------------------------------
-def update_clip_norm(cfg: ExperimentConfig) -> float | None:
+# ----- the rules: each bound resolved once, from plain values ----------------------------------------
+def update_clip_norm(dp_clip_norm: float | None, norm_bound: float | None) -> float | None:
     """C, the L2 bound on a client's whole update (``fl.clipping.clip_l2``), or None for no clipping.
 
-    Under ``dp``: ``dp.clip_norm``, the sensitivity the accountant assumes (the server clips each update
-    to it; under ``secagg`` each client does, before masking). Otherwise ``fed.norm_bound``: the norm
-    above which the server rejects a plain reply; under ``secagg`` the server cannot see a reply's norm,
-    so the client clips its update to that bound instead. Neither set: the update is not clipped."""
-    return cfg.dp.clip_norm if cfg.dp.enabled else cfg.fed.norm_bound
+    ``dp_clip_norm`` is ``dp.clip_norm`` when ``dp`` is on (``ClientLevelDP`` checked it), else None.
+    Under ``dp``: that C, the sensitivity the accountant assumes (the server clips each update to it;
+    under ``secagg`` each client does, before masking). Otherwise ``fed.norm_bound``: the norm above
+    which the server rejects a plain reply; under ``secagg`` the server cannot see a reply's norm, so
+    the client clips its update to that bound instead. Neither: the update is not clipped."""
+    return dp_clip_norm if dp_clip_norm is not None else norm_bound
 
 
-def quantisation_range(cfg: ExperimentConfig) -> float:
+def quantisation_range(clip_range: float | None, dp_clip_norm: float | None) -> float:
     """R: secure aggregation clips every coordinate of an update to [-R, R] and quantises it there.
 
-    ``secagg.clip_range`` when set; else under ``dp`` ``dp.clip_norm`` (an update of L2 norm <= C has
-    every coordinate in [-C, C], so the range cuts nothing the DP clip kept); else 1.0."""
-    if cfg.secagg.clip_range is not None:
-        return float(cfg.secagg.clip_range)
-    if cfg.dp.enabled and cfg.dp.clip_norm is not None:
-        return float(cfg.dp.clip_norm)
-    return 1.0
+    ``secagg.clip_range`` when set; else under ``dp`` its C (an update of L2 norm <= C has every
+    coordinate in [-C, C], so the range cuts nothing the DP clip kept); else 1.0."""
+    if clip_range is not None:
+        return float(clip_range)
+    return dp_clip_norm if dp_clip_norm is not None else 1.0
 
 
-def secagg_settings(cfg: ExperimentConfig) -> SecAggSettings:
+def secagg_settings(cfg: ExperimentConfig, dp_clip_norm: float | None) -> SecAggSettings:
     """The protocol's parameters from ``secagg:``: quantised within ``quantisation_range``, weighted by
     example count unless ``dp`` (whose sum is unweighted), timed out as any client call."""
     section = cfg.secagg
     return SecAggSettings(
         threshold=section.threshold,
         bits=section.bits,
-        clip_range=quantisation_range(cfg),
+        clip_range=quantisation_range(section.clip_range, dp_clip_norm),
         neighbours=section.neighbours,
         weighted=not cfg.dp.enabled,
         timeout=cfg.fed.client_timeout,
@@ -97,16 +96,19 @@ class Release:
     def from_config(cls, cfg: ExperimentConfig, update_task: str) -> Release:
         """The run's release from its config (``dp:``, ``secagg:``, ``fed:``) and the method's update task."""
         fed = cfg.fed
+        privacy = ClientLevelDP(cfg.dp, fed) if cfg.dp.enabled else None
+        dp_clip_norm = privacy.clip_norm if privacy is not None else None
+        settings = secagg_settings(cfg, dp_clip_norm)
         return cls(
             method=cfg.algorithm,
             update_task=update_task,
-            clip_norm=update_clip_norm(cfg),
+            clip_norm=update_clip_norm(dp_clip_norm, fed.norm_bound),
             clients_per_round=fed.clients_per_round,
             fraction=fed.fraction,
             aggregator=fed.aggregator,
             trim=fed.trim,
-            privacy=ClientLevelDP(cfg.dp, fed) if cfg.dp.enabled else None,
-            secure=SecureAggregation(secagg_settings(cfg), update_task) if cfg.secagg.enabled else None,
+            privacy=privacy,
+            secure=SecureAggregation(settings, update_task) if cfg.secagg.enabled else None,
         )
 
     # --- the clients' side ---
