@@ -316,8 +316,9 @@ class ClientLevelDP:
     """The run's DP mechanism: secret sampling, clipping, noise and the ledger; checkpointed whole.
 
     ``fl.release.Release`` (behind ``Algorithm.sample_clients`` and ``Algorithm.aggregate``) calls
-    ``sample``, then ``aggregate`` or ``release_sum`` (one release per round); the runner calls ``start`` once the clients are known, ``stop_reason`` before
-    every round, ``row`` after it, and ``state_dict`` / ``load_state_dict`` with the checkpoint.
+    ``sample``, then ``aggregate`` or ``release_sum`` (one release per round); the runner calls ``start``
+    once the clients are known, ``stop_reason`` before every round, ``row`` after it, and ``state_dict`` /
+    ``load_state_dict`` with the checkpoint.
     """
 
     def __init__(self, cfg: DPConfig, fed: FedConfig) -> None:
