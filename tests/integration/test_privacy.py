@@ -13,7 +13,7 @@ import pytest
 from fedtune.algorithms.registry import algorithm_names, get_algorithm
 from fedtune.config import ExperimentConfig
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
-from fedtune.fl.privacy import ClientLevelDP, Release, epsilon_after
+from fedtune.fl.privacy import ClientLevelDP, RoundMechanism, epsilon_after
 from fedtune.report import write_report
 from fedtune.rundata import prepare_data
 from tests.integration.helpers import quiet_runner, stable, tiny_config
@@ -79,7 +79,7 @@ def test_resume_with_dp_equals_the_uninterrupted_run_and_the_secret_stays_in_the
 
 def test_max_epsilon_ends_the_run_cleanly_before_the_round_that_would_exceed_it(tmp_path: Path) -> None:
     # Prepare: a budget between epsilon after one round and after two (4 clients, q 0.5, z 0.8).
-    release = Release("poisson", 4, 0.5, 0, 0.8)
+    release = RoundMechanism("poisson", 4, 0.5, 0, 0.8)
     budget = (epsilon_after([(release, 1)], 1e-5, "pld") + epsilon_after([(release, 2)], 1e-5, "pld")) / 2
     cfg = tiny_config("fedit", *DP, *FAST, "fed.rounds=3", f"dp.max_epsilon={budget}")
 

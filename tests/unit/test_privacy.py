@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from fedtune.config import ConfigError, ExperimentConfig, apply_overrides, validate_config
+from fedtune.fl.clipping import clip_l2, update_delta
 from fedtune.fl.privacy import (
     ClientLevelDP,
     PrivacyError,
     PrivacyLedger,
-    Release,
+    RoundMechanism,
     calibrate_noise,
-    clip_update,
     composed,
     epsilon_after,
     poisson_sample,
@@ -35,15 +35,22 @@ def test_clipping_scales_a_long_update_to_the_bound_over_all_keys_and_keeps_a_sh
     reference = {"a": np.ones((2, 2), np.float32), "b": np.zeros(3, np.float32)}
     # Delta = (3, 0, 0, 0 | 4, 0, 0): flat norm 5 across both keys.
     state = {"a": np.array([[4, 1], [1, 1]], np.float32), "b": np.array([4, 0, 0], np.float32)}
-    clipped, norm = clip_update(state, reference, clip_norm=1.0)
+    clipped, norm = clip_l2(update_delta(state, reference), bound=1.0)
     assert norm == pytest.approx(5.0)
     np.testing.assert_allclose(clipped["a"], [[0.6, 0], [0, 0]])
     np.testing.assert_allclose(clipped["b"], [0.8, 0, 0])
-    small, norm = clip_update(state, reference, clip_norm=10.0)
+    small, norm = clip_l2(update_delta(state, reference), bound=10.0)
     assert norm == pytest.approx(5.0)
     np.testing.assert_allclose(small["a"], [[3, 0], [0, 0]])
     with pytest.raises(PrivacyError, match="lacks b"):
-        clip_update({"a": state["a"]}, reference, 1.0)
+        private_mean_step(
+            reference,
+            [{"a": state["a"]}],
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            expected_count=1.0,
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_the_noise_on_the_sum_has_standard_deviation_z_times_c() -> None:
@@ -142,7 +149,7 @@ def test_the_accountant_reproduces_the_tensorflow_privacy_table(
     # TensorFlow Privacy, tutorials/README.md, "Select Parameters": DP-SGD on MNIST (60000 examples,
     # batches of 256 sampled with q = 256 / 60000, steps = epochs * 60000 // 256), delta = 1e-5; its RDP
     # accountant converted RDP to (epsilon, delta) with Mironov's Prop. 3 and reported these epsilons.
-    release = Release("poisson", 60_000, 256 / 60_000, 0, noise)
+    release = RoundMechanism("poisson", 60_000, 256 / 60_000, 0, noise)
     accountant = composed([(release, epochs * 60_000 // 256)], "rdp")
     assert classical_epsilon(accountant.orders, accountant.rdp, 1e-5) == pytest.approx(published, abs=0.005)
     # What the run reports uses dp-accounting's tighter conversion (Canonne, Kamath, Steinke 2020).
@@ -156,19 +163,19 @@ def test_fixed_size_sampling_is_accounted_with_twice_the_sensitivity() -> None:
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
-    fixed = Release("fixed", 100, 0.1, 10, 2.0)
+    fixed = RoundMechanism("fixed", 100, 0.1, 10, 2.0)
     direct = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     direct.compose(
         dp_accounting.SampledWithoutReplacementDpEvent(100, 10, dp_accounting.GaussianDpEvent(1.0)), 20
     )
     assert epsilon_after([(fixed, 20)], 1e-5, "rdp") == pytest.approx(direct.get_epsilon(1e-5))
-    poisson = Release("poisson", 100, 0.1, 0, 2.0)
+    poisson = RoundMechanism("poisson", 100, 0.1, 0, 2.0)
     assert epsilon_after([(fixed, 20)], 1e-5, "rdp") > epsilon_after([(poisson, 20)], 1e-5, "rdp")
 
 
 @pytest.mark.parametrize("kind", ["pld", "rdp"])
 def test_calibration_reaches_the_target_epsilon_from_below(kind: str) -> None:
-    release = Release("poisson", 1000, 0.05, 0, 0.0)
+    release = RoundMechanism("poisson", 1000, 0.05, 0, 0.0)
     noise = calibrate_noise(release, rounds=50, target_epsilon=4.0, delta=1e-5, kind=kind)
     reached = epsilon_after([(release.with_noise(noise), 50)], 1e-5, kind)
     assert 3.95 < reached <= 4.0
@@ -179,7 +186,7 @@ def test_pld_is_dp_accountings_own_and_tighter_than_rdp() -> None:
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
 
-    release = Release("poisson", 1000, 0.1, 0, 1.0)
+    release = RoundMechanism("poisson", 1000, 0.1, 0, 1.0)
     reference = PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     reference.compose(release.event(), 50)
 
@@ -203,7 +210,7 @@ def test_fixed_sampling_is_accounted_with_rdp_and_an_explicit_pld_is_refused() -
 
 
 def test_the_ledger_composes_runs_and_round_trips() -> None:
-    release = Release("poisson", 100, 0.1, 0, 1.1)
+    release = RoundMechanism("poisson", 100, 0.1, 0, 1.1)
     ledger = PrivacyLedger()
     for _ in range(7):
         ledger.record(release)
@@ -233,14 +240,14 @@ def test_max_epsilon_names_the_round_it_stops_before() -> None:
         dp.sample(["a", "b", "c", "d"], rnd)
         dp.aggregate({"w": np.zeros(1, np.float32)}, [])
         rnd += 1
-    assert dp.epsilon() <= 3 < dp.ledger.epsilon(1e-5, extra=dp.release)
+    assert dp.epsilon() <= 3 < dp.ledger.epsilon(1e-5, extra=dp.mechanism)
     assert f"before round {rnd}" in reason and "dp.max_epsilon" in reason
 
 
 def test_a_small_population_is_warned_about() -> None:
-    few = population_warnings(Release("poisson", 4, 1.0, 0, 1.0), 1e-5, 5.0)
+    few = population_warnings(RoundMechanism("poisson", 4, 1.0, 0, 1.0), 1e-5, 5.0)
     assert any("only 4 clients" in w for w in few)
-    many = population_warnings(Release("poisson", 10_000, 0.01, 0, 1.0), 1e-7, 2.0)
+    many = population_warnings(RoundMechanism("poisson", 10_000, 0.01, 0, 1.0), 1e-7, 2.0)
     assert many == []
 
 

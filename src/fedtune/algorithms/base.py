@@ -33,12 +33,11 @@ from fedtune.eval.evaluate import (
     payload_result,
     result_payload,
 )
-from fedtune.fl.aggregate import robust_aggregate
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.privacy import ClientLevelDP
-from fedtune.fl.secagg import SecAggSettings, SecureAggregation, secure_update_task
-from fedtune.fl.secagg import client_tasks as secagg_tasks
+from fedtune.fl.release import Release, client_task_table
+from fedtune.fl.secagg.server import SecureAggregation
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.spec import ModelSpec
 from fedtune.resources import model_spec
@@ -86,21 +85,27 @@ class Algorithm(ABC, Generic[SectionT]):
     """Metric keys that legitimately grow in the first round after a resume: an algorithm whose clients
     cache what they received (FedBiOT's emulator) sends it again to clients restarted with the server."""
 
-    privacy: ClientLevelDP | None = None
-    """The run's client-level DP mechanism (``dp.enabled``): ``sample_clients`` and ``aggregate`` use it."""
-    secure: SecureAggregation | None = None
-    """The run's secure aggregation (``secagg.enabled``): the runner wraps the federation with it and
-    ``aggregate`` takes the round's secure sum."""
     update_task: ClassVar[str] = "fit"
     """The client task whose reply's arrays are the update ``aggregate`` combines (what secure
     aggregation keeps on the clients and sums masked)."""
 
+    release: Release
+    """Sampling, clipping, secure aggregation and DP (``fl.release``): what ``sample_clients``,
+    ``aggregate`` and ``all_client_tasks`` do beyond the method's own tasks."""
+
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
-        self.privacy = ClientLevelDP(cfg.dp, cfg.fed) if cfg.dp.enabled else None
-        self.secure = (
-            SecureAggregation(secagg_settings(cfg), self.update_task) if cfg.secagg.enabled else None
-        )
+        self.release = Release.from_config(cfg, self.update_task)
+
+    @property
+    def privacy(self) -> ClientLevelDP | None:
+        """The run's client-level DP mechanism (``dp.enabled``): the runner starts and checkpoints it."""
+        return self.release.privacy
+
+    @property
+    def secure(self) -> SecureAggregation | None:
+        """The run's secure aggregation (``secagg.enabled``): the runner wraps the federation with it."""
+        return self.release.secure
 
     @property
     def section(self) -> SectionT:
@@ -262,43 +267,17 @@ class Algorithm(ABC, Generic[SectionT]):
         required: the result is then ``reference`` moved by the noised sum of the clients' clipped
         updates over the expected count, unweighted (``fl.privacy``), and the round is accounted.
         Under ``secagg`` ``states`` are empty (the updates stayed on the clients): the result is
-        ``reference`` moved by the round's secure sum (weighted by example count, or noised under ``dp``)."""
-        if self.secure is not None:
-            if reference is None:
-                raise RunError(
-                    f"secagg: algorithm {self.name!r} aggregated without the reference state; pass what "
-                    "the clients started from as Algorithm.aggregate(..., reference=)"
-                )
-            total, weight = self.secure.take(reference)
-            if self.privacy is not None:
-                return self.privacy.release_sum(reference, total)
-            if weight <= 0:  # nobody's update is in the sum: the model stays
-                return {key: np.array(value, copy=True) for key, value in reference.items()}
-            return {
-                key: (np.asarray(value, dtype=np.float64) + total[key] / weight).astype(value.dtype)
-                for key, value in reference.items()
-            }
-        if self.privacy is not None:
-            if reference is None:
-                raise RunError(
-                    f"dp: algorithm {self.name!r} aggregated without the reference state; a method that "
-                    "sets dp_refused = None passes what it sent as Algorithm.aggregate(..., reference=)"
-                )
-            return self.privacy.aggregate(reference, states)
-        return robust_aggregate(states, weights, self.cfg.fed.aggregator, self.cfg.fed.trim)
+        ``reference`` moved by the round's secure sum (weighted by example count, or noised under ``dp``).
+        See ``fl.release.Release.aggregate``."""
+        return self.release.aggregate(states, weights, reference)
 
     def sample_clients(self, fed: Federation, rnd: int) -> list[str]:
         """Round ``rnd``'s clients: ``clients_per_round`` seeded by the run's seed, or under ``dp`` drawn
         from the run's secret (Poisson with rate q, or ``fixed``) so that who took part stays hidden."""
-        if self.privacy is not None:
-            return self.privacy.sample(fed.client_ids(), rnd)
-        return fed.sample(self.clients_per_round(fed), rnd)
+        return self.release.sample(fed, rnd)
 
     def clients_per_round(self, fed: Federation) -> int:
-        fed_cfg = self.cfg.fed
-        total = len(fed.client_ids())
-        k = fed_cfg.clients_per_round or max(1, round(fed_cfg.fraction * total))
-        return min(k, total)
+        return self.release.per_round(fed)
 
     def require_replies(
         self, replies: Mapping[str, Payload], sampled: list[str], traffic: Traffic | None = None
@@ -306,37 +285,8 @@ class Algorithm(ABC, Generic[SectionT]):
         needed = min(self.cfg.fed.min_replies, len(sampled))
         # A lone client that secure aggregation left out did reply: the round aggregates nothing (under
         # dp the model moves by the noise alone, as a Poisson round that samples nobody does).
-        withheld = len(self.secure.withheld) if self.secure is not None else 0
-        if len(replies) + withheld < needed:
+        if len(replies) + self.release.withheld() < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
-
-
-def client_task_table(
-    cfg: ExperimentConfig, update_task: str, tasks: Mapping[str, ClientTask]
-) -> dict[str, ClientTask]:
-    """A method's ``tasks`` as the clients run them: with ``secagg`` the ``update_task`` keeps its update
-    (clipped, checked finite) on the client and the protocol's four tasks join."""
-    table = dict(tasks)
-    if cfg.secagg.enabled:
-        bound = cfg.dp.clip_norm if cfg.dp.enabled else cfg.fed.norm_bound
-        table[update_task] = secure_update_task(table[update_task], bound)
-        table.update(secagg_tasks())
-    return table
-
-
-def secagg_settings(cfg: ExperimentConfig) -> SecAggSettings:
-    """The protocol's parameters from ``secagg:`` (and ``dp``: unweighted, quantised within C)."""
-    section = cfg.secagg
-    clip_range = section.clip_range or (cfg.dp.clip_norm if cfg.dp.enabled else None) or 1.0
-    return SecAggSettings(
-        threshold=section.threshold,
-        bits=section.bits,
-        clip_range=float(clip_range),
-        neighbours=section.neighbours,
-        weighted=not cfg.dp.enabled,
-        timeout=cfg.fed.client_timeout,
-        seed=cfg.seed,
-    )
 
 
 def held_out_limit(train_size: int | None, holdout: float) -> int | None:

@@ -24,7 +24,6 @@ took part), and noise from it could be subtracted.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedtune.errors import RunError
+from fedtune.fl.clipping import clip_l2, update_delta
 
 if TYPE_CHECKING:
     from fedtune.config import DPConfig, FedConfig
@@ -49,32 +49,6 @@ class PrivacyError(RunError):
 
 
 # ----- the mechanism on arrays ---------------------------------------------------------------------
-def update_norm(state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
-    """The flat L2 norm of ``state - reference`` over ``reference``'s keys (float64)."""
-    squared = 0.0
-    for key, base in reference.items():
-        delta = np.asarray(state[key], dtype=np.float64) - np.asarray(base, dtype=np.float64)
-        squared += float(np.sum(delta * delta))
-    return math.sqrt(squared)
-
-
-def clip_update(
-    state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], clip_norm: float
-) -> tuple[dict[str, np.ndarray], float]:
-    """``(Delta scaled to L2 norm <= clip_norm, the norm before)``: Delta = state - reference over
-    ``reference``'s keys, in float64; a key of ``reference`` missing from ``state`` is an error."""
-    missing = sorted(set(reference) - set(state))
-    if missing:
-        raise PrivacyError(f"a client state lacks {', '.join(missing[:3])}: its update cannot be clipped")
-    delta = {
-        key: np.asarray(state[key], dtype=np.float64) - np.asarray(base, dtype=np.float64)
-        for key, base in reference.items()
-    }
-    norm = math.sqrt(sum(float(np.sum(d * d)) for d in delta.values()))
-    scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
-    return {key: d * scale for key, d in delta.items()}, norm
-
-
 def noised_sum(
     updates: Sequence[Mapping[str, np.ndarray]],
     shapes: Mapping[str, tuple[int, ...]],
@@ -101,8 +75,13 @@ def private_mean_step(
     rng: np.random.Generator,
 ) -> tuple[dict[str, np.ndarray], list[float]]:
     """``reference + (sum_i clip(states_i - reference) + N(0, (z C)^2)) / expected_count``, each array in
-    ``reference``'s dtype, and every state's update norm before clipping."""
-    clipped = [clip_update(state, reference, clip_norm) for state in states]
+    ``reference``'s dtype, and every state's update norm before clipping (``fl.clipping``); a key of
+    ``reference`` missing from a state is an error."""
+    for state in states:
+        missing = sorted(set(reference) - set(state))
+        if missing:
+            raise PrivacyError(f"a client state lacks {', '.join(missing[:3])}: its update cannot be clipped")
+    clipped = [clip_l2(update_delta(state, reference), clip_norm) for state in states]
     shapes = {key: tuple(np.shape(value)) for key, value in reference.items()}
     total = {key: np.zeros(shape, dtype=np.float64) for key, shape in shapes.items()}
     for update, _ in clipped:
@@ -146,7 +125,7 @@ def fixed_sample(client_ids: Sequence[str], size: int, rng: np.random.Generator)
 
 # ----- accounting ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Release:
+class RoundMechanism:
     """One round's mechanism: the subsampled Gaussian with noise ``noise_multiplier`` x C on the sum.
 
     ``sampling`` poisson: each of ``population`` clients joins with probability ``rate``; fixed:
@@ -181,8 +160,8 @@ class Release:
             self.population, self.sample_size, dp_accounting.GaussianDpEvent(self.noise_multiplier / 2)
         )
 
-    def with_noise(self, noise_multiplier: float) -> Release:
-        return Release(self.sampling, self.population, self.rate, self.sample_size, noise_multiplier)
+    def with_noise(self, noise_multiplier: float) -> RoundMechanism:
+        return RoundMechanism(self.sampling, self.population, self.rate, self.sample_size, noise_multiplier)
 
 
 @contextmanager
@@ -216,7 +195,7 @@ def new_accountant(kind: str, relation: Any) -> Any:
     raise PrivacyError(f"dp.accountant must be one of {', '.join(ACCOUNTANTS)}, not {kind!r}")
 
 
-def composed(releases: Sequence[tuple[Release, int]], kind: str = "pld") -> Any:
+def composed(releases: Sequence[tuple[RoundMechanism, int]], kind: str = "pld") -> Any:
     """dp-accounting's ``kind`` accountant with ``count`` rounds of each release composed."""
     import dp_accounting
 
@@ -231,7 +210,7 @@ def composed(releases: Sequence[tuple[Release, int]], kind: str = "pld") -> Any:
     return accountant
 
 
-def epsilon_after(releases: Sequence[tuple[Release, int]], delta: float, kind: str = "pld") -> float:
+def epsilon_after(releases: Sequence[tuple[RoundMechanism, int]], delta: float, kind: str = "pld") -> float:
     """The epsilon at ``delta`` of the composed releases (0 for none), by the ``kind`` accountant."""
     if not any(count for _, count in releases):
         return 0.0
@@ -241,7 +220,7 @@ def epsilon_after(releases: Sequence[tuple[Release, int]], delta: float, kind: s
 
 
 def calibrate_noise(
-    release: Release, rounds: int, target_epsilon: float, delta: float, kind: str = "pld"
+    release: RoundMechanism, rounds: int, target_epsilon: float, delta: float, kind: str = "pld"
 ) -> float:
     """The smallest noise multiplier (to within 1e-3, rounded up) whose ``rounds`` releases stay within
     ``target_epsilon`` at ``delta`` by the ``kind`` accountant.
@@ -266,7 +245,13 @@ def calibrate_noise(
 
 
 def _calibrated(
-    release: Release, rounds: int, target_epsilon: float, delta: float, kind: str, bracket: Any, tol: float
+    release: RoundMechanism,
+    rounds: int,
+    target_epsilon: float,
+    delta: float,
+    kind: str,
+    bracket: Any,
+    tol: float,
 ) -> float:
     import dp_accounting
     from dp_accounting import mechanism_calibration
@@ -290,9 +275,9 @@ class PrivacyLedger:
 
     def __init__(self, kind: str = "pld") -> None:
         self.kind = kind
-        self.releases: list[tuple[Release, int]] = []
+        self.releases: list[tuple[RoundMechanism, int]] = []
 
-    def record(self, release: Release) -> None:
+    def record(self, release: RoundMechanism) -> None:
         if self.releases and self.releases[-1][0] == release:
             self.releases[-1] = (release, self.releases[-1][1] + 1)
         else:
@@ -302,7 +287,7 @@ class PrivacyLedger:
     def count(self) -> int:
         return sum(count for _, count in self.releases)
 
-    def epsilon(self, delta: float, extra: Release | None = None) -> float:
+    def epsilon(self, delta: float, extra: RoundMechanism | None = None) -> float:
         """Epsilon at ``delta`` so far, or after one more ``extra`` release."""
         releases = [*self.releases, (extra, 1)] if extra is not None else self.releases
         return epsilon_after(releases, delta, self.kind)
@@ -313,7 +298,7 @@ class PrivacyLedger:
     def load_state_dict(self, state: Sequence[Mapping[str, Any]]) -> None:
         self.releases = [
             (
-                Release(
+                RoundMechanism(
                     str(run["sampling"]),
                     int(run["population"]),
                     float(run["rate"]),
@@ -330,9 +315,10 @@ class PrivacyLedger:
 class ClientLevelDP:
     """The run's DP mechanism: secret sampling, clipping, noise and the ledger; checkpointed whole.
 
-    ``Algorithm.sample_clients`` calls ``sample`` and ``Algorithm.aggregate`` calls ``aggregate`` (one
-    release per round); the runner calls ``start`` once the clients are known, ``stop_reason`` before
-    every round, ``row`` after it, and ``state_dict`` / ``load_state_dict`` with the checkpoint.
+    ``fl.release.Release`` (behind ``Algorithm.sample_clients`` and ``Algorithm.aggregate``) calls
+    ``sample``, then ``aggregate`` or ``release_sum`` (one release per round); the runner calls ``start``
+    once the clients are known, ``stop_reason`` before every round, ``row`` after it, and ``state_dict`` /
+    ``load_state_dict`` with the checkpoint.
     """
 
     def __init__(self, cfg: DPConfig, fed: FedConfig) -> None:
@@ -343,7 +329,7 @@ class ClientLevelDP:
         self.clip_norm = float(cfg.clip_norm)
         self.secret = secrets.randbits(128)
         self.noise_multiplier: float | None = cfg.noise_multiplier
-        self.release: Release | None = None
+        self.mechanism: RoundMechanism | None = None
         self.accountant = accountant_for(cfg)
         self.ledger = PrivacyLedger(self.accountant)
         self._sampled_round: int | None = None
@@ -363,7 +349,7 @@ class ClientLevelDP:
         else:
             size = min(clients_per_round, population)
             rate = size / population
-        release = Release(self.cfg.sampling, population, rate, size, self.noise_multiplier or 0.0)
+        release = RoundMechanism(self.cfg.sampling, population, rate, size, self.noise_multiplier or 0.0)
         if self.noise_multiplier is None:
             assert self.cfg.target_epsilon is not None
             self.noise_multiplier = calibrate_noise(
@@ -376,8 +362,8 @@ class ClientLevelDP:
                 self.fed.rounds,
                 self.cfg.delta,
             )
-        self.release = release.with_noise(self.noise_multiplier)
-        planned = epsilon_after([(self.release, self.fed.rounds)], self.cfg.delta, self.accountant)
+        self.mechanism = release.with_noise(self.noise_multiplier)
+        planned = epsilon_after([(self.mechanism, self.fed.rounds)], self.cfg.delta, self.accountant)
         log.info(
             "dp: %s sampling, q = %.4g of %d clients, noise multiplier %.4g, clip norm %.4g: epsilon %.4g "
             "(%s accountant) at delta %.3g after fed.rounds = %d rounds",
@@ -391,7 +377,7 @@ class ClientLevelDP:
             self.cfg.delta,
             self.fed.rounds,
         )
-        for warning in population_warnings(self.release, self.cfg.delta, planned):
+        for warning in population_warnings(self.mechanism, self.cfg.delta, planned):
             log.warning("dp: %s", warning)
 
     @property
@@ -400,10 +386,10 @@ class ClientLevelDP:
         release = self._started()
         return release.rate * release.population
 
-    def _started(self) -> Release:
-        if self.release is None:
+    def _started(self) -> RoundMechanism:
+        if self.mechanism is None:
             raise PrivacyError("dp: the mechanism was used before ClientLevelDP.start")
-        return self.release
+        return self.mechanism
 
     def _rng(self, rnd: int, purpose: int) -> np.random.Generator:
         return np.random.default_rng([self.secret, rnd, purpose])
@@ -418,7 +404,7 @@ class ClientLevelDP:
             return poisson_sample(client_ids, release.rate, rng)
         return fixed_sample(client_ids, release.sample_size, rng)
 
-    def _release_round(self) -> tuple[Release, int]:
+    def _release_round(self) -> tuple[RoundMechanism, int]:
         release = self._started()
         if self._sampled_round is None:
             raise PrivacyError(
@@ -519,7 +505,7 @@ def accountant_for(cfg: DPConfig) -> str:
     return "rdp" if cfg.sampling == "fixed" else cfg.accountant
 
 
-def population_warnings(release: Release, delta: float, planned_epsilon: float) -> list[str]:
+def population_warnings(release: RoundMechanism, delta: float, planned_epsilon: float) -> list[str]:
     """What makes the run's epsilon say little: few clients, a delta not far below 1 / N, a large epsilon."""
     warnings = []
     population = release.population

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedtune.fl.clipping import update_norm
 from fedtune.fl.payload import REPLY_TO, Payload, PayloadError, check_payload
 
 log = logging.getLogger("fedtune.fl")
@@ -96,16 +97,18 @@ def _check_array(key: str, value: object, spec: ArraySpec) -> np.ndarray:
     return value
 
 
-def update_norm(reply: Payload, spec: ReplySpec) -> float | None:
-    """The L2 norm of ``reply``'s arrays minus ``spec.reference`` (None: the spec has no reference)."""
+def reply_update_norm(reply: Payload, spec: ReplySpec) -> float | None:
+    """The L2 norm (``fl.clipping.update_norm``) of ``reply``'s arrays minus ``spec.reference``, over the
+    spec's arrays the reference and the reply both hold (None: the spec has no reference)."""
     if spec.reference is None:
         return None
-    squared = 0.0
+    returned: dict[str, np.ndarray] = {}
+    sent: dict[str, np.ndarray] = {}
     for key in spec.arrays:
-        if key in spec.reference and isinstance(reply.get(key), np.ndarray):
-            delta = np.asarray(reply[key], dtype=np.float64) - spec.reference[key].astype(np.float64)
-            squared += float(np.sum(delta * delta))
-    return float(squared**0.5)
+        value = reply.get(key)
+        if key in spec.reference and isinstance(value, np.ndarray):
+            returned[key], sent[key] = value, spec.reference[key]
+    return update_norm(returned, sent)
 
 
 def screen_replies(
@@ -115,7 +118,7 @@ def screen_replies(
     call (``fed.screen``), among 3 or more replies whose spec has a reference; client -> reason."""
     if expect is None or factor is None:
         return {}
-    norms = {c: n for c, r in replies.items() if (n := update_norm(r, spec_for(expect, c))) is not None}
+    norms = {c: n for c, r in replies.items() if (n := reply_update_norm(r, spec_for(expect, c))) is not None}
     if len(norms) < 3:
         return {}
     median = float(np.median(list(norms.values())))
@@ -225,7 +228,7 @@ def validate_reply(reply: object, spec: ReplySpec, client: str | None = None) ->
             raise ReplyRejected(f"unexpected arrays: {', '.join(extra[:5])}")
     for key, array_spec in spec.arrays.items():
         _check_array(key, payload[key], array_spec)
-    norm = update_norm(payload, spec) if spec.norm_bound is not None else None
+    norm = reply_update_norm(payload, spec) if spec.norm_bound is not None else None
     if norm is not None and spec.norm_bound is not None and norm > spec.norm_bound:
         raise ReplyRejected(f"update norm {norm:.4g} exceeds fed.norm_bound = {spec.norm_bound:.4g}")
     return payload

@@ -42,9 +42,9 @@ from fedtune.data.loaders import load_public_set
 from fedtune.data.records import DataError, Record
 from fedtune.eval.evaluate import EvalResult, EvalSet, merge_results, prefixed
 from fedtune.fl.broadcast import VersionedBroadcast, load_npz, save_npz
+from fedtune.fl.clipping import update_norm
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload, arrays
-from fedtune.fl.privacy import update_norm
 from fedtune.models.surgery import (
     LayerSplit,
     build_emulator,
