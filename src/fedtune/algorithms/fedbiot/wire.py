@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtune.algorithms.fedbiot.maths import emulator_parameters
+from fedtune.algorithms.fedbiot.emulator import emulator_parameters
 from fedtune.config import LoraConfig
+from fedtune.fl.broadcast import ARCH
 from fedtune.fl.payload import Payload, payload_nbytes, to_wire
 from fedtune.models.lora import build_lora, lora_targets
 from fedtune.models.surgery import (
@@ -113,7 +114,7 @@ def part_payload(part: str, emulator: torch.nn.Module, split: LayerSplit, mode: 
     if part == "frozen":
         frozen = frozen_parameters(emulator, split, mode)
         entries: Payload = {FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()}
-        entries["arch"] = unwrap(emulator).config.to_json_string(use_diff=False)
+        entries[ARCH] = unwrap(emulator).config.to_json_string(use_diff=False)
         return entries
     return {EMULATOR + k: v for k, v in emulator_state(emulator, split).items()}
 
