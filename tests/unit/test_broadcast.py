@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedtune.fl.broadcast import ARCH, ClientCache, ClientCacheMiss, Loader, VersionedBroadcast, receive_part
+from fedtune.fl.broadcast import (
+    ARCH,
+    ClientCache,
+    ClientCacheMiss,
+    Loader,
+    VersionedBroadcast,
+    receive_part,
+    sent_parts,
+)
 from fedtune.fl.payload import Payload
 
 
@@ -137,3 +145,15 @@ def test_a_restarted_client_rebuilds_its_model_from_its_disk(tmp_path: Path) -> 
 def test_a_client_holding_nothing_and_sent_nothing_fails_loudly() -> None:
     with pytest.raises(ClientCacheMiss, match="client c0 holds no sub-model and was not sent one"):
         ClientCache("c0", {}).model({"frozen_version": 1}, Model, PARTS, what="sub-model")
+
+
+def test_sent_parts_counts_the_messages_carrying_a_part_and_its_bytes() -> None:
+    messages: list[Payload] = [
+        {"big_version": 1, "big/w": np.ones(4, np.float32), "small/w": np.ones(2, np.float32)},
+        {"big_version": 1, "small/w": np.ones(2, np.float32)},
+        {"big_version": 1},
+    ]
+
+    # Bytes: the arrays' and the keys' ("big/w" 5, "small/w" 7).
+    assert sent_parts(messages, ("big/",), "fp32") == (1, 16 + 5)
+    assert sent_parts(messages, ("big/", "small/"), "fp32") == (2, (16 + 5) + 2 * (8 + 7))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedtune.fl.federation import ClientContext
-from fedtune.fl.payload import Payload, arrays
+from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
 
 ARCH = "arch"
 """The entry carrying the architecture (a model config as JSON) a client builds its model from."""
@@ -87,6 +87,13 @@ class VersionedBroadcast:
         """After a server restart: nobody is known to hold anything, nothing is built."""
         self.held = {}
         self._built = {}
+
+
+def sent_parts(messages: Iterable[Payload], prefixes: tuple[str, ...], wire_dtype: str) -> tuple[int, int]:
+    """How many of ``messages`` carry entries under ``prefixes`` (a part sent), and those entries'
+    bytes as sent (fp16 under ``fed.wire_dtype`` fp16)."""
+    parts = [{k: v for k, v in m.items() if k.startswith(prefixes)} for m in messages]
+    return sum(1 for p in parts if p), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in parts)
 
 
 def client_cache_mode(mode: str, backend: str) -> str:

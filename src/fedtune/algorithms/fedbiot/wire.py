@@ -17,8 +17,8 @@ import torch
 
 from fedtune.algorithms.fedbiot.emulator import emulator_parameters
 from fedtune.config import LoraConfig
-from fedtune.fl.broadcast import ARCH
-from fedtune.fl.payload import Payload, payload_nbytes, to_wire
+from fedtune.fl.broadcast import ARCH, sent_parts
+from fedtune.fl.payload import Payload
 from fedtune.models.lora import build_lora, lora_targets
 from fedtune.models.surgery import (
     LayerSplit,
@@ -138,5 +138,4 @@ def parameter_counts(
 def emulator_traffic(messages: Iterable[Payload], wire_dtype: str) -> tuple[int, int]:
     """How many of ``messages`` carry the emulator, and its bytes as sent (fp16 under ``fed.wire_dtype``
     fp16)."""
-    parts = [{k: v for k, v in m.items() if k.startswith(EMULATOR)} for m in messages]
-    return sum(1 for p in parts if p), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in parts)
+    return sent_parts(messages, (EMULATOR,), wire_dtype)

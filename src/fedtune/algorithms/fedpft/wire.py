@@ -28,8 +28,8 @@ from fedtune.algorithms.fedpft.config import FedPFTConfig
 from fedtune.algorithms.fedpft.maths import adapter_layers
 from fedtune.algorithms.local import REPLY_SCALARS
 from fedtune.config import ConfigError, LoraConfig
-from fedtune.fl.broadcast import ARCH, VersionedBroadcast
-from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
+from fedtune.fl.broadcast import ARCH, VersionedBroadcast, sent_parts
+from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.derive import truncate_layers
 from fedtune.models.ffn import build_submodel, ffn_layers, select_neurons
@@ -268,9 +268,7 @@ def part_payload(part: str, client: nn.Module, layout: Layout) -> Payload:
 def submodel_traffic(messages: Iterable[Payload], wire_dtype: str) -> tuple[int, int]:
     """How many of ``messages`` carry a part of the client model, and those parts' bytes as sent (fp16
     under ``fed.wire_dtype`` fp16)."""
-    parts = [{k: v for k, v in m.items() if k.startswith((FFN, FROZEN))} for m in messages]
-    sent = [p for p in parts if p]
-    return len(sent), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in sent)
+    return sent_parts(messages, (FFN, FROZEN), wire_dtype)
 
 
 def fit_spec(
