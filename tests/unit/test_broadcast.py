@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -157,3 +158,29 @@ def test_sent_parts_counts_the_messages_carrying_a_part_and_its_bytes() -> None:
     # Bytes: the arrays' and the keys' ("big/w" 5, "small/w" 7).
     assert sent_parts(messages, ("big/",), "fp32") == (1, 16 + 5)
     assert sent_parts(messages, ("big/", "small/"), "fp32") == (2, (16 + 5) + 2 * (8 + 7))
+
+
+@pytest.mark.parametrize(
+    ("client_cache", "backend", "on_disk"),
+    [
+        ("auto", "flower", True),
+        ("auto", "simulation", False),
+        ("disk", "simulation", True),
+        ("memory", "flower", False),
+    ],
+)
+def test_a_methods_client_cache_lives_in_its_process_and_on_disk_as_configured(
+    tmp_path: Path, client_cache: str, backend: str, on_disk: bool
+) -> None:
+    store: dict[str, object] = {}
+    cfg = SimpleNamespace(
+        section=lambda name: SimpleNamespace(client_cache=client_cache) if name == "fedpft" else None,
+        fed=SimpleNamespace(backend=backend),
+    )
+    resources = SimpleNamespace(get=lambda key, build: store.setdefault(key, build()))
+    ctx = SimpleNamespace(client_id="c0", cfg=cfg, resources=resources, workdir=tmp_path)
+
+    cache = ClientCache.of(ctx, "fedpft")
+
+    assert cache.directory == (tmp_path / "fedpft-cache" if on_disk else None)
+    assert cache.held is store["fedpft/client"] and ClientCache.of(ctx, "fedpft").held is cache.held
