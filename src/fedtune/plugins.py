@@ -42,22 +42,23 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 """fedtune's own ``pyproject.toml``, where fedtune runs from its source tree (absent when installed)."""
 
 
-def source_tree_entry_points(group: str, pyproject: Path = PYPROJECT) -> dict[str, str]:
-    """``group``'s entry points as fedtune's ``pyproject`` declares them: the built-in methods, found
-    even when the source tree was never installed (``PYTHONPATH=src``, no distribution metadata);
-    {} without one (an installed fedtune: its metadata holds them) or when it is another project's."""
+def source_tree_entry_points(pyproject: Path = PYPROJECT) -> dict[str, dict[str, str]]:
+    """Group -> name -> target: the entry points fedtune's ``pyproject`` declares, the built-in methods
+    among them, found even when the source tree was never installed (``PYTHONPATH=src``, no
+    distribution metadata); {} without one (an installed fedtune: its metadata holds them) or when it
+    is another project's."""
     if not pyproject.is_file():
         return {}
-    declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    project = declared.get("project", {})
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
     if project.get("name") != "fedtune":
         return {}
-    return dict(project.get("entry-points", {}).get(group, {}))
+    return {group: dict(points) for group, points in project.get("entry-points", {}).items()}
 
 
 # The built-in methods as the source tree declares them; the installed entry points merge over these.
-BUILTIN = source_tree_entry_points(GROUP)
-BUILTIN_CONFIGS = source_tree_entry_points(CONFIG_GROUP)
+_SOURCE_TREE = source_tree_entry_points()
+BUILTIN = _SOURCE_TREE.get(GROUP, {})
+BUILTIN_CONFIGS = _SOURCE_TREE.get(CONFIG_GROUP, {})
 
 _registered: dict[str, type] = {}
 _loaded: dict[str, type] = {}

@@ -127,7 +127,6 @@ def test_entry_points_are_read_only_from_fedtunes_own_pyproject(tmp_path: Path) 
     ours.write_text(f'[project]\nname = "fedtune"\n\n{group}')
     theirs.write_text(f'[project]\nname = "mypackage"\n\n{group}')
 
-    assert plugins.source_tree_entry_points(plugins.GROUP, ours) == {"step": "fake_step:Step"}
-    assert plugins.source_tree_entry_points(plugins.CONFIG_GROUP, ours) == {}
-    assert plugins.source_tree_entry_points(plugins.GROUP, theirs) == {}
-    assert plugins.source_tree_entry_points(plugins.GROUP, tmp_path / "installed.toml") == {}
+    assert plugins.source_tree_entry_points(ours) == {plugins.GROUP: {"step": "fake_step:Step"}}
+    assert plugins.source_tree_entry_points(theirs) == {}
+    assert plugins.source_tree_entry_points(tmp_path / "installed.toml") == {}
