@@ -107,8 +107,8 @@ def public_batches(tokenizer: Any, examples: int, batch_size: int, seq_len: int,
 def client_models(base: Any, keep_ratio: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three client models (no LoRA yet; ``fedpetuning`` is ``base`` itself), and which layers' LoRA
     each trains: every layer's (layout ``None``), except FedOT's (its adapter)."""
-    from fedtune.algorithms.fedpft.maths import adapter_layers, kept_layers
-    from fedtune.algorithms.fedpft.wire import Layout
+    from fedtune.algorithms.fedpft.maths import adapter_layers
+    from fedtune.algorithms.fedpft.wire import Layout, kept_layers
     from fedtune.models.ffn import build_submodel, ffn_widths, select_neurons
     from fedtune.models.layers import truncate_layers
     from fedtune.models.surgery import num_decoder_layers
@@ -146,8 +146,7 @@ def token_macs(model: Any, seq_len: int) -> dict[str, int]:
 
 def sizes(model: Any, layout: Any) -> dict[str, int]:
     """Parameters the client holds, and the fp32 bytes of what it sends and receives."""
-    from fedtune.algorithms.fedpft.maths import count, model_params
-    from fedtune.algorithms.fedpft.wire import ffn_parameters, tuned_parameters
+    from fedtune.algorithms.fedpft.wire import count, ffn_parameters, model_params, tuned_parameters
 
     trained = tuned_parameters(model, layout)
     tuned, ffn = count(trained), count(ffn_parameters(model))
@@ -312,8 +311,7 @@ def distillation_times(
 
 # ------------------------------------------------------------------ main
 def measure_model(name: str, args: Any, context: Any, workdir: Path) -> dict[str, Any]:
-    from fedtune.algorithms.fedpft.maths import count
-    from fedtune.algorithms.fedpft.wire import ffn_parameters, with_lora
+    from fedtune.algorithms.fedpft.wire import count, ffn_parameters, with_lora
     from fedtune.config import LoraConfig
     from fedtune.data.builtin import load_builtin
     from fedtune.data.classify import class_names

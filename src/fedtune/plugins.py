@@ -14,41 +14,53 @@ Validating a config then imports only that module, not the method's model code (
 ``fedtune run`` reports a misspelt key in a fraction of a second. Without it, the config class is the
 algorithm class's ``Config``.
 
-``register`` adds a class at run time (a notebook, a test). This module imports nothing of fedtune but
-``fedtune.suggest`` (which imports nothing of fedtune), so every layer may look algorithms up without an
-import cycle; loading one imports its module.
+The built-in methods are entry points of fedtune's own ``pyproject.toml`` like any other, and that
+file is their only list: run from the source tree, they are read from it as well (``BUILTIN``), so
+a tree that was never installed (``PYTHONPATH=src``, no distribution metadata) finds them too.
+
+``register`` adds a class at run time (a notebook, a test). This module imports nothing of fedtune
+but ``fedtune.suggest`` (which imports nothing of fedtune), so every layer may look algorithms up
+without an import cycle; loading one imports its module.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fedtune.suggest import closest
 
-GROUP = "fedtune.algorithms"
-# The built-in methods, also reachable when fedtune runs from a source tree that was never installed.
-BUILTIN = {
-    "fedit": "fedtune.algorithms.fedit:FedIT",
-    "fedpt": "fedtune.algorithms.fedpt:FedPT",
-    "fedbiot": "fedtune.algorithms.fedbiot:FedBiOT",
-    "fedavgm": "fedtune.algorithms.fedavgm:FedAvgM",
-    "perfit": "fedtune.algorithms.perfit:PerFIT",
-    "fedmkt": "fedtune.algorithms.fedmkt:FedMKT",
-    "fedpft": "fedtune.algorithms.fedpft:FedPFT",
-}
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
+GROUP = "fedtune.algorithms"
 CONFIG_GROUP = "fedtune.algorithm_configs"
-BUILTIN_CONFIGS = {
-    "fedit": "fedtune.algorithms.fedit.config:FedITConfig",
-    "fedpt": "fedtune.algorithms.fedpt.config:FedPTConfig",
-    "fedbiot": "fedtune.algorithms.fedbiot.config:FedBiOTConfig",
-    "fedavgm": "fedtune.algorithms.fedavgm.config:FedAvgMConfig",
-    "perfit": "fedtune.algorithms.perfit.config:PerFITConfig",
-    "fedmkt": "fedtune.algorithms.fedmkt.config:FedMKTConfig",
-    "fedpft": "fedtune.algorithms.fedpft.config:FedPFTConfig",
-}
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+"""fedtune's own ``pyproject.toml``, where fedtune runs from its source tree (absent when installed)."""
+
+
+def source_tree_entry_points(pyproject: Path = PYPROJECT) -> dict[str, dict[str, str]]:
+    """Group -> name -> target: the entry points fedtune's ``pyproject`` declares, the built-in methods
+    among them, found even when the source tree was never installed (``PYTHONPATH=src``, no
+    distribution metadata); {} without one (an installed fedtune: its metadata holds them) or when it
+    is another project's."""
+    if not pyproject.is_file():
+        return {}
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    if project.get("name") != "fedtune":
+        return {}
+    return {group: dict(points) for group, points in project.get("entry-points", {}).items()}
+
+
+# The built-in methods as the source tree declares them; the installed entry points merge over these.
+_SOURCE_TREE = source_tree_entry_points()
+BUILTIN = _SOURCE_TREE.get(GROUP, {})
+BUILTIN_CONFIGS = _SOURCE_TREE.get(CONFIG_GROUP, {})
 
 _registered: dict[str, type] = {}
 _loaded: dict[str, type] = {}

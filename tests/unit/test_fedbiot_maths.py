@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
-from fedtune.algorithms.fedbiot.maths import hidden_and_logits, make_split
+from fedtune.algorithms.fedbiot.emulator import hidden_and_logits, make_split
 from fedtune.models.surgery import build_emulator
 from fedtune.models.tiny import tiny_model
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fedtune.algorithms.fedpft.maths import kept_layers
 from fedtune.algorithms.fedpft.wire import (
     Layout,
     distilled_parameters,
     frozen_parameters,
+    kept_layers,
     tuned_parameters,
     with_lora,
 )
@@ -106,7 +106,7 @@ def test_the_distillations_see_a_pairs_segment_ids() -> None:
     clients' APoZ counts) read."""
     import torch
 
-    from fedtune.algorithms.fedpft.maths import public_batches
+    from fedtune.algorithms.fedpft.distill import public_batches
     from fedtune.data.records import Record
     from fedtune.models.tiny import tiny_model
     from fedtune.train.ffn_distill import _hidden_states

@@ -190,3 +190,66 @@ def test_models_import_no_data_training_decoding_or_evaluation() -> None:
     assert "fedtune.models.surgery" in graph and "fedtune.models.loading" in graph
     above = ("fedtune.data", "fedtune.train", "fedtune.decode", "fedtune.eval")
     assert layer_violations(graph, ((("fedtune.models",), above),)) == []
+
+
+# -- maths.py: array maths, no models, training, evaluation or files ------------------------------
+
+MATHS_MAY_NOT_IMPORT = ("fedtune.models", "fedtune.train", "fedtune.eval", "fedtune.resources", "peft")
+NOT_YET_PURE = {
+    # Their losses and optimisers are built in their maths.py; each entry goes when its module moves them.
+    "fedtune.algorithms.fedmkt.maths": "the loss and batches of its distillation (train.loop, train.sft)",
+    "fedtune.algorithms.fedpt.maths": "its optimiser and scheduler (train.optim)",
+}
+
+
+def maths_modules(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(m for m in graph if m.startswith("fedtune.algorithms.") and m.endswith(".maths"))
+
+
+def maths_violations(
+    graph: dict[str, set[str]], paths: dict[str, Path] | None = None
+) -> dict[str, list[str]]:
+    """Each method's ``maths`` -> what it imports of the packages that load models, train, evaluate or
+    read files (``peft`` included, which ``import_graph`` does not list)."""
+    found = {}
+    for module in maths_modules(graph):
+        imported = set(graph[module])
+        if paths is not None:
+            imported |= {name.split(".")[0] for name in all_imports(paths[module])}
+        bad = sorted(name for name in imported if within(name, MATHS_MAY_NOT_IMPORT))
+        if bad:
+            found[module] = bad
+    return found
+
+
+def all_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_every_maths_module_is_array_maths() -> None:
+    graph = import_graph()
+    paths = {module_name(p): p for p in (SRC / "fedtune").rglob("maths.py")}
+    assert {"fedtune.algorithms.perfit.maths", "fedtune.algorithms.fedpt.maths"} <= set(maths_modules(graph))
+
+    violations = maths_violations(graph, paths)
+
+    assert {m: v for m, v in violations.items() if m not in NOT_YET_PURE} == {}
+    assert sorted(NOT_YET_PURE) == sorted(violations), "a module in NOT_YET_PURE is pure now: drop it"
+
+
+def test_the_maths_rule_finds_model_code() -> None:
+    fake = {
+        "fedtune.algorithms.x.maths": {"fedtune.models.lora", "fedtune.fl.aggregate"},
+        "fedtune.algorithms.x.server": {"fedtune.models.lora"},
+        "fedtune.algorithms.y.maths": {"fedtune.train.optim"},
+    }
+    assert maths_violations(fake) == {
+        "fedtune.algorithms.x.maths": ["fedtune.models.lora"],
+        "fedtune.algorithms.y.maths": ["fedtune.train.optim"],
+    }

@@ -7,6 +7,7 @@ import importlib
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pydantic import Field
@@ -113,3 +114,19 @@ def test_lazy_exports_import_the_module_on_first_access() -> None:
         getter("missing")
     with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'loads'"):
         getter("loads")
+
+
+def test_the_built_in_methods_are_the_entry_points_of_the_source_trees_pyproject() -> None:
+    assert plugins.BUILTIN["fedpft"] == "fedtune.algorithms.fedpft:FedPFT"
+    assert plugins.BUILTIN_CONFIGS["fedpft"] == "fedtune.algorithms.fedpft.config:FedPFTConfig"
+
+
+def test_entry_points_are_read_only_from_fedtunes_own_pyproject(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours.toml", tmp_path / "theirs.toml"
+    group = '[project.entry-points."fedtune.algorithms"]\nstep = "fake_step:Step"\n'
+    ours.write_text(f'[project]\nname = "fedtune"\n\n{group}')
+    theirs.write_text(f'[project]\nname = "mypackage"\n\n{group}')
+
+    assert plugins.source_tree_entry_points(ours) == {plugins.GROUP: {"step": "fake_step:Step"}}
+    assert plugins.source_tree_entry_points(theirs) == {}
+    assert plugins.source_tree_entry_points(tmp_path / "installed.toml") == {}

@@ -34,7 +34,7 @@ Adapter training is the full adapter layers (paper) or LoRA on them (``adapter_m
 Weights travel keyed by their layer's *original* index, so the traffic shows which layers leave the
 server; a dropped E* layer never does (asserted on the wire by the tests).
 
-The package: ``config`` (the ``fedbiot:`` section), ``maths`` (the split, the alignment of eq. 2),
+The package: ``config`` (the ``fedbiot:`` section), ``emulator`` (the split, the alignment of eq. 2),
 ``wire`` (what travels, keyed by original layer index), ``client`` (the ``fit`` task: all a client
 holds is the emulator model it was sent and its data), ``server`` (the full model, the rounds, the
 evaluation, the state) and ``final`` (AdapFu / AdapEmu of a finished run).
@@ -68,8 +68,8 @@ from fedtune.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedtune.algorithms.fedbiot.config import FedBiOTConfig
+    from fedtune.algorithms.fedbiot.emulator import AlignStats, align_emulator, make_split
     from fedtune.algorithms.fedbiot.final import load_final_fedbiot
-    from fedtune.algorithms.fedbiot.maths import AlignStats, align_emulator, make_split
     from fedtune.algorithms.fedbiot.server import FedBiOT
     from fedtune.fl.broadcast import ClientCacheMiss
 
@@ -87,12 +87,12 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
-        "AlignStats": "fedtune.algorithms.fedbiot.maths",
+        "AlignStats": "fedtune.algorithms.fedbiot.emulator",
         "ClientCacheMiss": "fedtune.fl.broadcast",
         "FedBiOT": "fedtune.algorithms.fedbiot.server",
         "FedBiOTConfig": "fedtune.algorithms.fedbiot.config",
-        "align_emulator": "fedtune.algorithms.fedbiot.maths",
+        "align_emulator": "fedtune.algorithms.fedbiot.emulator",
         "load_final_fedbiot": "fedtune.algorithms.fedbiot.final",
-        "make_split": "fedtune.algorithms.fedbiot.maths",
+        "make_split": "fedtune.algorithms.fedbiot.emulator",
     },
 )

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig
-from fedtune.algorithms.fedbiot.maths import make_split
+from fedtune.algorithms.fedbiot.emulator import make_split
 from fedtune.algorithms.fedbiot.wire import adapter_parameters, with_adapter_lora
 from fedtune.algorithms.final import CausalLMModel, load_base_model
 from fedtune.config import ExperimentConfig

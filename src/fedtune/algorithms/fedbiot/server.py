@@ -17,8 +17,7 @@ from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluat
 from fedtune.algorithms.exporting import Exported, ExportError, export_causal_lm, full_precision
 from fedtune.algorithms.fedbiot.client import fit
 from fedtune.algorithms.fedbiot.config import FedBiOTConfig, init_fingerprint
-from fedtune.algorithms.fedbiot.final import final_model, save_final
-from fedtune.algorithms.fedbiot.maths import (
+from fedtune.algorithms.fedbiot.emulator import (
     AlignStats,
     Batch,
     align_emulator,
@@ -26,6 +25,7 @@ from fedtune.algorithms.fedbiot.maths import (
     make_split,
     public_batches,
 )
+from fedtune.algorithms.fedbiot.final import final_model, save_final
 from fedtune.algorithms.fedbiot.wire import (
     adapter_parameters,
     adapter_state,
@@ -202,9 +202,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         emulator_sends, emulator_bytes = emulator_traffic(messages.values(), self.cfg.fed.wire_dtype)
         self.broadcast.delivered(sampled)
         _, replies, weights = collect_adapters(self, fed, rnd, self.global_adapter, messages, sampled=sampled)
-        for client in sampled:
-            if client not in replies:
-                self.broadcast.forget(client)
+        self.broadcast.forget_unanswered(sampled, replies)
         adapters = [arrays(r, ADAPTER) for r in replies.values()]
         shift = adapter_shift(adapters, self.global_adapter)
         average = self.aggregate(adapters, weights, reference=self.global_adapter)

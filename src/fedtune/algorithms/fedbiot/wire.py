@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtune.algorithms.fedbiot.maths import emulator_parameters
+from fedtune.algorithms.fedbiot.emulator import emulator_parameters
 from fedtune.config import LoraConfig
-from fedtune.fl.payload import Payload, payload_nbytes, to_wire
+from fedtune.fl.broadcast import ARCH, sent_parts
+from fedtune.fl.payload import Payload
 from fedtune.models.lora import build_lora, lora_targets
 from fedtune.models.surgery import (
     LayerSplit,
@@ -113,7 +114,7 @@ def part_payload(part: str, emulator: torch.nn.Module, split: LayerSplit, mode: 
     if part == "frozen":
         frozen = frozen_parameters(emulator, split, mode)
         entries: Payload = {FROZEN + k: p.detach().float().cpu().numpy() for k, p in frozen.items()}
-        entries["arch"] = unwrap(emulator).config.to_json_string(use_diff=False)
+        entries[ARCH] = unwrap(emulator).config.to_json_string(use_diff=False)
         return entries
     return {EMULATOR + k: v for k, v in emulator_state(emulator, split).items()}
 
@@ -137,5 +138,4 @@ def parameter_counts(
 def emulator_traffic(messages: Iterable[Payload], wire_dtype: str) -> tuple[int, int]:
     """How many of ``messages`` carry the emulator, and its bytes as sent (fp16 under ``fed.wire_dtype``
     fp16)."""
-    parts = [{k: v for k, v in m.items() if k.startswith(EMULATOR)} for m in messages]
-    return sum(1 for p in parts if p), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in parts)
+    return sent_parts(messages, (EMULATOR,), wire_dtype)

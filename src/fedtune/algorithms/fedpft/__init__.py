@@ -34,9 +34,10 @@ which the paper's argument says layer drop cannot give the intermediate layers).
 layer-level distillation = ``distill_steps: 0``; without neuron-level distillation =
 ``neuron_every: 0``.
 
-The package: ``config`` (the ``fedpft:`` section), ``maths`` (FedOT's layers, the distillations'
-gradient masks), ``wire`` (what travels: the layout, the parts of the client model, all keyed like the
-full model; the LoRA that names them), ``client`` (its tasks: all a client holds is the model it was
+The package: ``config`` (the ``fedpft:`` section), ``maths`` (FedOT's adapter layers, seeded samples),
+``distill`` (the distillations' public batches and gradient masks), ``wire`` (what travels: the
+layout, the parts of the client model, all keyed like the full model; the LoRA that names them; FedOT's
+emulator layers), ``client`` (its tasks: all a client holds is the model it was
 sent and its data), ``server`` (the full model, derivation and distillations, rounds, evaluation,
 state) and ``final`` (the full classifier with the final LoRA + head).
 

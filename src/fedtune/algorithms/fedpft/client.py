@@ -4,13 +4,13 @@ for FedPETuning, the full model) and its own data. Its tasks: ``fit`` (LoRA + he
 
 The model is built from the architecture and FFN widths that came over the wire, with the weights as
 received; it is kept in process memory, or also on the client's own disk (``client_cache: disk``),
-so a restarted client process need not be sent again what it holds.
+so a restarted client process need not be sent again what it holds (``fl.broadcast.ClientCache``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from fedtune.data.classify import (
     classification_loss,
     encode_classification,
 )
-from fedtune.fl.broadcast import ClientCacheMiss, client_cache_mode, receive_part, version_key
+from fedtune.fl.broadcast import ClientCache, Loader
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload, arrays
 from fedtune.models.ffn import resize_ffn
@@ -48,8 +48,6 @@ from fedtune.models.surgery import load_parameters
 from fedtune.resources import model_spec
 from fedtune.train.ffn_distill import apoz_counts
 from fedtune.train.sft import epochs_started
-
-CACHE_DIR = "fedpft-cache"
 
 
 def fit(ctx: ClientContext, msg: Payload) -> Payload:
@@ -96,38 +94,17 @@ def _ready_model(ctx: ClientContext, msg: Payload) -> tuple[Any, Layout, dict[st
 
 def client_model(ctx: ClientContext, msg: Payload, layout: Layout) -> Any:
     """The client's model: built from the architecture and FFN widths it was sent, weights as received."""
-    holder: dict[str, Any] = ctx.resources.get("fedpft/client", dict)
-    disk = _cache_mode(ctx) == "disk"
-    arch_file = ctx.workdir / CACHE_DIR / "arch.json"
-    arch = msg.get("arch")
-    if arch is not None and disk:
-        arch_file.parent.mkdir(parents=True, exist_ok=True)
-        arch_file.write_text(str(arch))
-    if arch is None and "model" not in holder and disk and arch_file.is_file():
-        arch = arch_file.read_text()
-    key = (arch, layout)
-    if arch is not None and holder.get("key") != key:
-        holder.clear()
-        holder.update(key=key, model=_model_from_arch(ctx, str(arch), layout), versions={})
-    if "model" not in holder:
-        raise ClientCacheMiss(f"client {ctx.client_id} holds no sub-model and was not sent one")
-    model = holder["model"]
-    for part, prefix, select in (
-        ("frozen", FROZEN, frozen_parameters),
-        ("ffn", FFN, distilled_parameters),
-    ):
-        if version_key(part) not in msg:
-            continue
-        receive_part(
-            msg,
-            part,
-            prefix,
-            holder["versions"],
-            functools.partial(load_parameters, select(model, layout)),
-            cache_file=ctx.workdir / CACHE_DIR / f"{part}.npz" if disk else None,
-            client=ctx.client_id,
-        )
-    return model
+
+    def loader(select: Callable[[Any, Layout], dict[str, torch.nn.Parameter]]) -> Loader:
+        return lambda model, state, what: load_parameters(select(model, layout), state, what)
+
+    return ClientCache.of(ctx, "fedpft").model(
+        msg,
+        lambda arch: _model_from_arch(ctx, arch, layout),
+        {"frozen": (FROZEN, loader(frozen_parameters)), "ffn": (FFN, loader(distilled_parameters))},
+        key=layout,
+        what="sub-model",
+    )
 
 
 def _model_from_arch(ctx: ClientContext, arch: str, layout: Layout) -> Any:
@@ -156,8 +133,3 @@ def _examples(ctx: ClientContext) -> tuple[list[ClassExample], int]:
         lambda: encode_classification(ctx.data, tokenizer, names, ctx.cfg.data.max_length),
     )
     return examples, int(tokenizer.pad_token_id or 0)
-
-
-def _cache_mode(ctx: ClientContext) -> str:
-    section: FedPFTConfig = ctx.cfg.section("fedpft")
-    return client_cache_mode(str(section.client_cache), getattr(ctx.cfg.fed, "backend", "simulation"))

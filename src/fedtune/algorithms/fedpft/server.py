@@ -16,6 +16,7 @@ from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.exporting import Exported
 from fedtune.algorithms.fedpft.client import apoz, fit
 from fedtune.algorithms.fedpft.config import FedPFTConfig
+from fedtune.algorithms.fedpft.distill import distill_masks, public_batches
 from fedtune.algorithms.fedpft.final import (
     INFO_FILE,
     TUNED_FILE,
@@ -23,7 +24,6 @@ from fedtune.algorithms.fedpft.final import (
     classification_result,
     export_classifier,
 )
-from fedtune.algorithms.fedpft.maths import distill_masks, public_batches
 from fedtune.algorithms.fedpft.wire import (
     TUNED,
     Layout,
@@ -212,9 +212,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.broadcast.delivered(sampled)
         spec = fit_spec(self.global_state, self.cfg.fed.norm_bound, fed.client_sizes)
         replies = fed.call(sampled, "fit", messages, timeout=self.cfg.fed.client_timeout, expect=spec)
-        for client in sampled:
-            if client not in replies:
-                self.broadcast.forget(client)
+        self.broadcast.forget_unanswered(sampled, replies)
         self.require_replies(replies, sampled, fed.traffic)
         weights = [int(r["num_examples"]) for r in replies.values()]
         tuned = [arrays(r, TUNED) for r in replies.values()]

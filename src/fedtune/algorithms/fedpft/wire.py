@@ -17,7 +17,7 @@ projections (``lora.target_modules``; ``auto``: q, k, v, o as ``ATTENTION_TARGET
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +25,24 @@ import numpy as np
 from torch import nn
 
 from fedtune.algorithms.fedpft.config import FedPFTConfig
-from fedtune.algorithms.fedpft.maths import adapter_layers, count, kept_layers, model_params
+from fedtune.algorithms.fedpft.maths import adapter_layers
 from fedtune.algorithms.local import REPLY_SCALARS
 from fedtune.config import ConfigError, LoraConfig
-from fedtune.fl.broadcast import VersionedBroadcast
-from fedtune.fl.payload import Payload, arrays, payload_nbytes, to_wire
+from fedtune.fl.broadcast import ARCH, VersionedBroadcast, sent_parts
+from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.validation import ReplySpec
 from fedtune.models.ffn import build_submodel, ffn_layers, select_neurons
 from fedtune.models.ffn import ffn_parameters as ffn_module_parameters
 from fedtune.models.layers import truncate_layers
 from fedtune.models.lora import build_lora, lora_targets
-from fedtune.models.surgery import layer_index, layer_pattern, num_decoder_layers, relabel, unwrap
+from fedtune.models.surgery import (
+    layer_index,
+    layer_pattern,
+    num_decoder_layers,
+    relabel,
+    uniform_drop,
+    unwrap,
+)
 
 TUNED = "tuned/"
 FROZEN = "frozen/"
@@ -116,6 +123,12 @@ def with_lora(model: Any, lora: LoraConfig, seed: int) -> nn.Module:
     q, k, v, o); the head is trained directly."""
     targets = lora_targets(model, lora, defaults=attention_targets)
     return build_lora(model, lora, seed=seed, target_modules=targets, task_type=None)
+
+
+def kept_layers(num_layers: int, edge: int, drop: float) -> tuple[int, ...]:
+    """FedOT's emulator layers: the first and last ``edge`` layers whole, a uniform share of the rest."""
+    middle = list(range(edge, num_layers - edge))
+    return tuple(sorted(set(adapter_layers(num_layers, edge)) | set(uniform_drop(middle, drop))))
 
 
 def derive_client_model(base: Any, section: FedPFTConfig) -> tuple[Any, Layout]:
@@ -247,7 +260,7 @@ def part_payload(part: str, client: nn.Module, layout: Layout) -> Payload:
     if part == "frozen":
         frozen = arrays_of(frozen_parameters(client, layout))
         entries: Payload = {FROZEN + k: v for k, v in frozen.items()}
-        entries["arch"] = unwrap(client).config.to_json_string(use_diff=False)
+        entries[ARCH] = unwrap(client).config.to_json_string(use_diff=False)
         return entries
     return {FFN + k: v for k, v in arrays_of(distilled_parameters(client, layout)).items()}
 
@@ -255,9 +268,7 @@ def part_payload(part: str, client: nn.Module, layout: Layout) -> Payload:
 def submodel_traffic(messages: Iterable[Payload], wire_dtype: str) -> tuple[int, int]:
     """How many of ``messages`` carry a part of the client model, and those parts' bytes as sent (fp16
     under ``fed.wire_dtype`` fp16)."""
-    parts = [{k: v for k, v in m.items() if k.startswith((FFN, FROZEN))} for m in messages]
-    sent = [p for p in parts if p]
-    return len(sent), sum(payload_nbytes(to_wire(p, wire_dtype)) for p in sent)
+    return sent_parts(messages, (FFN, FROZEN), wire_dtype)
 
 
 def fit_spec(
@@ -304,3 +315,14 @@ def parameter_counts(full: nn.Module, client: nn.Module, layout: Layout | None) 
         "full_ffn_params": count(ffn_parameters(full)),
         "client_ffn_params": count(ffn_parameters(client, layout)),
     }
+
+
+def count(params: Mapping[str, nn.Parameter] | Sequence[nn.Parameter]) -> int:
+    """The number of entries of ``params``."""
+    values = params.values() if isinstance(params, Mapping) else params
+    return int(sum(p.numel() for p in values))
+
+
+def model_params(model: nn.Module) -> int:
+    """``model``'s parameter count (peft wrapper removed, tied parameters once)."""
+    return count(list({id(p): p for p in unwrap(model).parameters()}.values()))

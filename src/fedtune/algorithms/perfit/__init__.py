@@ -40,9 +40,10 @@ Choices where the paper is silent, and deviations:
   keeps the masked values it trained (its uploads still travel, so the bytes stay comparable). It
   separates what the sparse personal LoRA learns on its own from what the aggregation adds.
 
-Layout: ``config`` (the ``perfit:`` section), ``maths`` (ranks, budgets, importance, the search),
-``wire`` (masks and masked values as they travel), ``client`` (search, training, the personalised
-update and evaluation: everything a client holds), ``server`` (masks, rounds, Alg. 3).
+Layout: ``config`` (the ``perfit:`` section), ``maths`` (ranks, budgets, importance, the search's
+schedule, Alg. 3's combination), ``search`` (Alg. 1 on the client's model), ``wire`` (masks and
+masked values as they travel), ``client`` (search, training, the personalised update and evaluation:
+everything a client holds), ``server`` (masks, rounds, Alg. 3).
 """
 
 from typing import TYPE_CHECKING
@@ -56,11 +57,10 @@ if TYPE_CHECKING:
         importance_scores,
         keep_schedule,
         kept_count,
-        local_gradients,
-        search_masks,
         symmetric_init,
         top_entries,
     )
+    from fedtune.algorithms.perfit.search import local_gradients, search_masks
     from fedtune.algorithms.perfit.server import PerFIT
     from fedtune.algorithms.perfit.wire import MASK, VALUES
 
@@ -93,8 +93,8 @@ __getattr__ = lazy_exports(
         "importance_scores": "fedtune.algorithms.perfit.maths",
         "keep_schedule": "fedtune.algorithms.perfit.maths",
         "kept_count": "fedtune.algorithms.perfit.maths",
-        "local_gradients": "fedtune.algorithms.perfit.maths",
-        "search_masks": "fedtune.algorithms.perfit.maths",
+        "local_gradients": "fedtune.algorithms.perfit.search",
+        "search_masks": "fedtune.algorithms.perfit.search",
         "symmetric_init": "fedtune.algorithms.perfit.maths",
         "top_entries": "fedtune.algorithms.perfit.maths",
     },

@@ -14,7 +14,8 @@ from fedtune.algorithms.adapters import client_examples
 from fedtune.algorithms.base import derive_seed, evaluate_model, personal_reply
 from fedtune.algorithms.local import fit_scalars, train_selected
 from fedtune.algorithms.perfit.config import PerFITConfig
-from fedtune.algorithms.perfit.maths import expanded_rank, kept_count, search_masks, symmetric_init
+from fedtune.algorithms.perfit.maths import expanded_rank, kept_count, symmetric_init
+from fedtune.algorithms.perfit.search import search_masks
 from fedtune.algorithms.perfit.wire import AFTER_FIT, VALUES, mask_payload, values_payload
 from fedtune.config import ExperimentConfig
 from fedtune.data.tokenize import make_batches

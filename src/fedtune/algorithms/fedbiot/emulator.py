@@ -1,4 +1,5 @@
-"""FedBiOT's maths: the layer split and the emulator alignment of eq. (2).
+"""FedBiOT's emulator: the layer split that makes it, and its alignment to the full model (eq. 2) on
+the server's public batches.
 
 Shapes: ``B`` batch, ``T`` tokens, ``P`` the non-pad positions of a batch, ``H`` hidden size, ``V``
 vocabulary.
