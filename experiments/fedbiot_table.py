@@ -297,7 +297,10 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also tabulate and plot every evaluated round of each method (trajectory-<config name>)",
     )
-    args = parser.parse_args(argv)
+    args = sweep.parse_args(parser, argv)
+    if args.render:
+        sweep.render(args.render, parser, RENDERERS, args.results_dir)
+        return
     cfg = sweep.load_config(args)
     metric = primary_metric(cfg)
     base = args.runs_dir / cfg.name
@@ -498,6 +501,13 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
                 overrides = [*METHODS["fedbiot_a2"], f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}"]
                 run_one(args.config, [*args.set, *overrides, *INIT_SWEEP, f"seed={seed}"], run_dir)
     results = {f"{steps}-d{d}": init_summary(paths) for (d, steps), paths in dirs.items()}
+    text = init_sweep_text(cfg, args, results, command)
+    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
+
+
+def init_sweep_text(cfg: Any, args: Any, results: dict[str, Any], command: str) -> str:
+    """The initial distillation's table: per I_0 and dropout, perplexity after it and after round 1."""
+    keys = [(d, steps) for d in args.dropouts or [0.5] for steps in args.init_sweep]
     rows = [
         [
             str(steps),
@@ -509,10 +519,11 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
             sweep.cell(r.get("init_mse"), 3),
             str(r["seeds"]),
         ]
-        for (d, steps), r in zip(keys, results.values(), strict=True)
+        for d, steps in keys
+        for r in [results[f"{steps}-d{d}"]]
     ]
     header = ["I_0", "dropout", "AdapEmu ppl after I_0", "AdapFu ppl (base)", "AdapEmu ppl, round 1"]
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: the initial emulator distillation's length (FedBiOT adapter 2)",
             "",
@@ -525,7 +536,35 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
             sweep.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
         ]
     )
-    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
+
+
+def render_table(recorded: sweep.Recorded) -> str:
+    cfg, args = recorded.cfg, recorded.args
+    dropouts = args.dropouts or [0.2, 0.5]
+    return markdown(cfg, primary_metric(cfg), recorded.results, dropouts, recorded.command)
+
+
+def render_ablation(recorded: sweep.Recorded) -> str:
+    cfg = recorded.cfg
+    variants = {"default": [], **ABLATION}
+    return ablation_markdown(cfg, primary_metric(cfg), variants, recorded.results, recorded.command)
+
+
+def render_init_sweep(recorded: sweep.Recorded) -> str:
+    return init_sweep_text(recorded.cfg, recorded.args, recorded.results, recorded.command)
+
+
+def render_trajectory(recorded: sweep.Recorded) -> str:
+    cfg = recorded.cfg
+    return trajectory_markdown(cfg, primary_metric(cfg), recorded.results, recorded.command)
+
+
+RENDERERS: dict[str, sweep.Renderer] = {
+    "table-": render_table,
+    "ablation-": render_ablation,
+    "sweep-i0-": render_init_sweep,
+    "trajectory-": render_trajectory,
+}
 
 
 def init_summary(run_dirs: list[Path]) -> dict[str, Any]:

@@ -416,29 +416,22 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     return lines
 
 
-def markdown(
+def tabulate(
     cfg: Any,
     root: Path,
     datasets: list[str],
     chosen: list[str],
     seeds: list[int],
-    command: str,
     earlier: dict[str, Any] | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> seed -> value
-    (and ``carried``: ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
-    parts = [
-        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
-        "",
-    ]
+) -> dict[str, Any]:
+    """The tables' values: ``<dataset>-<setting>`` -> row -> column -> seed -> value (and ``carried``:
+    ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
-        data_metric = metric_of(cfg, dataset)
         for setting in chosen:
             key = f"{dataset}-{setting}"
-            names = slms(cfg, setting)
-            table = collect(cfg, root, dataset, setting, seeds, data_metric)
+            table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset))
             if earlier is not None:
                 kept = keep_earlier(table, earlier.get(key, {}), seeds)
                 if kept:
@@ -446,6 +439,28 @@ def markdown(
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting
                 continue
             results[key] = table
+    if carried:
+        results["carried"] = carried
+    return results
+
+
+def markdown(
+    cfg: Any, results: dict[str, Any], datasets: list[str], chosen: list[str], root: Path, command: str
+) -> str:
+    """The tables of `tabulate`'s ``results`` as markdown, one per dataset and setting."""
+    parts = [
+        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
+        "",
+    ]
+    carried = results.get("carried", {})
+    for dataset in datasets:
+        data_metric = metric_of(cfg, dataset)
+        for setting in chosen:
+            key = f"{dataset}-{setting}"
+            if key not in results:
+                continue
+            names = slms(cfg, setting)
+            table = results[key]
             rows = []
             for row, label in LABELS.items():
                 if row not in table:
@@ -487,9 +502,7 @@ def markdown(
                 "",
             ]
     parts.append(f"Command: `{command}`")
-    if carried:
-        results["carried"] = carried
-    return "\n".join(parts), results
+    return "\n".join(parts)
 
 
 def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
@@ -575,6 +588,19 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
         print(f"plot: {figure}")
 
 
+def render_table(recorded: sweep.Recorded) -> str:
+    cfg, args = recorded.cfg, recorded.args
+    root = args.runs_dir / cfg.name
+    return markdown(cfg, recorded.results, args.datasets, args.settings, root, recorded.command)
+
+
+def render_rounds(recorded: sweep.Recorded) -> str:
+    cfg, args, results = recorded.cfg, recorded.args, recorded.results
+    curves = {key: value for key, value in results.items() if key != "carried"}
+    carried = results.get("carried", {})
+    return rounds_markdown(cfg, curves, recorded.command, carried, args.runs_dir / cfg.name)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = sweep.table_parser(__doc__.splitlines()[0], keep_earlier=True)
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
@@ -587,7 +613,11 @@ def main(argv: list[str] | None = None) -> None:
         help="start only these rows' runs (default: all); the table reads every row, --keep-earlier "
         "keeping the values of runs made elsewhere",
     )
-    args = parser.parse_args(argv)
+    args = sweep.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "rounds-": render_rounds}
+        sweep.render(args.render, parser, renderers, args.results_dir)
+        return
     cfg = sweep.load_config(args)
     root = args.runs_dir / cfg.name
     stem = args.results_dir / f"table-{cfg.name}"
@@ -599,7 +629,8 @@ def main(argv: list[str] | None = None) -> None:
             args.config, {root / name: overrides for name, overrides in started.items()}, jobs=args.jobs
         )
     command = sweep.command_line(__file__, argv)
-    text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
+    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier)
+    text = markdown(cfg, results, args.datasets, args.settings, root, command)
     text += sweep.rejected_note((root / name for name in jobs), earlier=stem if args.keep_earlier else None)
     sweep.write_table(stem, text, str(args.config), command, results, args)
     figure = plot(cfg, results, sweep.sibling(stem, ".png"))

@@ -291,11 +291,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
-    args = parser.parse_args(argv)
+    args = sweep.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "sweep-lr-": render_lr_sweep}
+        sweep.render(args.render, parser, renderers, args.results_dir)
+        return
     cfg = sweep.load_config(args)
     base = args.runs_dir / cfg.name
     command = sweep.command_line(__file__, argv)
-    suffixes = [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+    suffixes = suffixes_of(args)
     if args.lrs:
         lr_sweep(args, cfg, base, suffixes, command)
         return
@@ -346,14 +350,33 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
         sweep.run_all(args.config, runs, jobs=args.jobs)
     found = {key: summarise(paths) for key, paths in dirs.items()}
     results: dict[str, Any] = {f"lr{lr:g}-{row}-{suffix}": r for (lr, row, suffix), r in found.items()}
+    means = lr_means(args, found, suffixes)
+    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
+    results["chosen_lr"] = max(means, key=lambda lr: means[lr]) if means else None
+    text = lr_sweep_text(cfg, args, found, suffixes, command)
+    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
+    stem = args.results_dir / f"sweep-lr-{cfg.name}"
+    sweep.write_table(stem, text, cfg.name, command, results, args)
+    plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
+    plot_lr_sweep_rounds(cfg, args, found, suffixes, sweep.sibling(stem, "-rounds.png"))
+
+
+def lr_means(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> dict[float, float]:
+    """lr -> the mean accuracy over every row and setting, for the lrs where all of them finished."""
     means = {}
     for lr in args.lrs:
         cells = [found[(lr, row, suffix)] for suffix in suffixes for row in args.rows]
         if all("accuracy" in c for c in cells):
             means[lr] = sum(c["accuracy"] for c in cells) / len(cells)
+    return means
+
+
+def lr_sweep_text(
+    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], command: str
+) -> str:
+    """The sweep's markdown: accuracy by lr per row, each row's best lr, the lr chosen, the rounds."""
+    means = lr_means(args, found, suffixes)
     chosen = max(means, key=lambda lr: means[lr]) if means else None
-    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
-    results["chosen_lr"] = chosen
     header = ["lr"] + [f"{LABELS[row]} {suffix}" for suffix in suffixes for row in args.rows] + ["mean"]
     rows = [
         [f"{lr:g}"]
@@ -372,7 +395,7 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             best = max(done, key=lambda lr: found[(lr, row, suffix)]["accuracy"]) if done else None
             shown = "no lr finished" if best is None else f"best at lr {best:g} (of {len(done)} finished)"
             best_by_row.append(f"- {LABELS[row]}, {suffix}: {shown}")
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: learning-rate sweep, validation accuracy (%), mean ± std over seeds",
             "",
@@ -392,11 +415,25 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             *by_round_section(args, found, suffixes),
         ]
     )
-    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
-    stem = args.results_dir / f"sweep-lr-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results, args)
-    plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
-    plot_lr_sweep_rounds(cfg, args, found, suffixes, sweep.sibling(stem, "-rounds.png"))
+
+
+def suffixes_of(args: Any) -> list[str]:
+    return [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+
+
+def render_table(recorded: sweep.Recorded) -> str:
+    return markdown(recorded.cfg, recorded.results, suffixes_of(recorded.args), recorded.command)
+
+
+def render_lr_sweep(recorded: sweep.Recorded) -> str:
+    args, suffixes = recorded.args, suffixes_of(recorded.args)
+    found = {
+        (lr, row, suffix): recorded.results[f"lr{lr:g}-{row}-{suffix}"]
+        for lr in args.lrs
+        for suffix in suffixes
+        for row in args.rows
+    }
+    return lr_sweep_text(recorded.cfg, args, found, suffixes, recorded.command)
 
 
 def by_round_section(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> list[str]:

@@ -225,7 +225,8 @@ def tabulate(
     return results
 
 
-def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
+def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
+    """The table; ``stamp``: the time it was made (None: now)."""
     sets = test_sets(cfg)
     header = ["method", "client model", "client params", "client peak RSS (batch 1)", "total comm."]
     header += [f"Rouge-L {label}" for label, _ in sets] + ["Dist-3", "Dist-4"]
@@ -239,7 +240,7 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
     lines = [
         f"# FedPT Table 1 structure: `{cfg.name}`",
         "",
-        f"`{command}` — {now()}",
+        f"`{command}` — {stamp or now()}",
         "",
         f"Rouge-L and Dist-n: {spread}. Test ppl: deterministic perplexity of the method's output model "
         "on the test set's references.",
@@ -353,6 +354,21 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 
+def stamp_of(recorded: sweep.Recorded) -> str | None:
+    """The time the .md beside the results file says it was made (after its command); None for none."""
+    head = f"`{recorded.command}` — "
+    line = next((line for line in recorded.markdown.splitlines() if line.startswith(head)), None)
+    return None if line is None else line.removeprefix(head)
+
+
+def render_table(recorded: sweep.Recorded) -> str:
+    return markdown(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
+
+
+def render_study(recorded: sweep.Recorded) -> str:
+    return study_text(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = sweep.table_parser(__doc__, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -364,7 +380,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
     )
     parser.add_argument("--client-memory", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = sweep.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "study-small-": render_study}
+        sweep.render(args.render, parser, renderers, args.results_dir)
+        return
     if args.client_memory:
         print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
         return
@@ -456,6 +476,17 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             if final is not None:
                 entry[method] = final["eval"]
         results[model] = entry
+    text = study_text(cfg, results, command)
+    runs = (root / method for root in roots.values() for method in STUDY_METHODS)
+    text += sweep.rejected_note(runs, under=Path(args.runs_dir))
+    stem = args.results_dir / f"study-small-{cfg.name}"
+    sweep.write_table(stem, text, cfg.name, command, results, args)
+    plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
+
+
+def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
+    """The small-model study's table; ``stamp``: the time it was made (None: now)."""
+    sets = test_sets(cfg)
     large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small")
     header = ["client model", "layers", "held-out ppl", "FedAvg (small) test ppl"]
     for label, _ in sets:
@@ -477,11 +508,11 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             cells += [_fmt(small, key), _fmt(fedpt, key), gap]
         cells += [_plain(fedpt, "perplexity"), str(fedpt.get("alpha", "-"))]
         rows.append(cells)
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: FedPT against the quality of the clients' small model",
             "",
-            f"`{command}` — {now()}",
+            f"`{command}` — {stamp or now()}",
             "",
             f"Large model {cfg.fedpt.large_model}; each row's clients tune the small model named (FedAvg "
             "(small)) and FedPT proxy-tunes the large model with it. The large model as its own small model "
@@ -492,11 +523,6 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             sweep.markdown_table(header, rows),
         ]
     )
-    runs = (root / method for root in roots.values() for method in STUDY_METHODS)
-    text += sweep.rejected_note(runs, under=Path(args.runs_dir))
-    stem = args.results_dir / f"study-small-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results, args)
-    plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
 
 
 def _plain(metrics: dict[str, Any], key: str) -> str:

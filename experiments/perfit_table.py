@@ -397,7 +397,10 @@ def main(argv: list[str] | None = None) -> None:
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
-    args = parser.parse_args(argv)
+    args = sweep.parse_args(parser, argv)
+    if args.render:
+        sweep.render(args.render, parser, {"table-": render_table}, args.results_dir)
+        return
     cfg = sweep.load_config(args)
     base = args.runs_dir / cfg.name
     command = sweep.command_line(__file__, argv)
@@ -419,17 +422,26 @@ def main(argv: list[str] | None = None) -> None:
         results["masks"] = mask_plot(finished[0], sweep.sibling(stem, "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
-    rows = {key: result for key, result in results.items() if key != "masks"}
-    text = "\n".join(
-        [
-            markdown(cfg, rows, args.partitions, command),
-            *by_sampling(rows, args.partitions),
-            *overlap_lines(results.get("masks", {})),
-        ]
-    ) + sweep.rejected_note(
+    text = table_text(cfg, results, args.partitions, command) + sweep.rejected_note(
         (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
     )
     sweep.write_table(stem, text, cfg.name, command, results, args)
+
+
+def table_text(cfg: Any, results: dict[str, Any], partitions: list[str], command: str) -> str:
+    """The table's markdown from its results (the rows, and the masks' study under ``masks``)."""
+    rows = {key: result for key, result in results.items() if key != "masks"}
+    return "\n".join(
+        [
+            markdown(cfg, rows, partitions, command),
+            *by_sampling(rows, partitions),
+            *overlap_lines(results.get("masks", {})),
+        ]
+    )
+
+
+def render_table(recorded: sweep.Recorded) -> str:
+    return table_text(recorded.cfg, recorded.results, recorded.args.partitions, recorded.command)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,12 @@ import argparse
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +90,16 @@ def table_parser(
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("config", type=Path)
+    parser.add_argument("config", type=Path, nargs="?")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="rewrite the .md of this results file from its numbers alone, into --results-dir: nothing is "
+        "run or read but the .json (its command gives the options) and the .md beside it (its notes)",
+    )
     if seeds:
         parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     if jobs:
@@ -112,6 +121,14 @@ def table_parser(
             "names what it kept",
         )
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s options; CONFIG is required but with ``--render`` (the results file names it)."""
+    args = parser.parse_args(argv)
+    if args.config is None and args.render is None:
+        parser.error("the following arguments are required: config")
+    return args
 
 
 def load_config(args: argparse.Namespace) -> Any:
@@ -536,3 +553,63 @@ def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
     return path
+
+
+# ---------------------------------------------------------------- rendering from a results file
+# What a table's .md holds that its .json does not: notes on the runs found (kept from an earlier file,
+# rejected replies). They close the .md; --render keeps them as the .md beside the .json has them.
+RUN_NOTES = (
+    "\n\nKept from the previous results file",
+    "\n\nSeeds kept from the previous results file (their runs not here",
+    "\n\n" + REJECTED_HEAD,
+)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A table as its results file recorded it: the options of its command, the config they load, its
+    numbers, the command, and the .md written beside it ("" for none)."""
+
+    args: argparse.Namespace
+    cfg: Any
+    results: Any
+    command: str
+    markdown: str
+
+
+Renderer = Callable[[Recorded], str]
+
+
+def run_notes(markdown: str) -> str:
+    """The notes that close a table's .md (from the first of `RUN_NOTES` on); "" for none."""
+    found = [markdown.find(head) for head in RUN_NOTES if head in markdown]
+    return markdown[min(found) :] if found else ""
+
+
+def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, Renderer], out: Path) -> Path:
+    """``--render``: rewrite the .md of the results file ``path`` into the directory ``out``, from the
+    file's numbers alone. Its recorded command gives the options (parsed by ``parser``); the renderer is
+    the one of ``renderers`` (file name prefix -> renderer) whose prefix is the longest that the file's
+    name starts with. Nothing is run and no run directory is read; the notes on runs that close the .md
+    beside it are kept as they are (`run_notes`)."""
+    prefixes = [prefix for prefix in renderers if path.name.startswith(prefix)]
+    if not prefixes:
+        raise SystemExit(f"{path}: no table of this script is named so (one of {', '.join(renderers)}*)")
+    record = json.loads(path.read_text())
+    command = str(record["command"])
+    try:
+        args = parser.parse_args(shlex.split(command)[2:])  # after "python <script>"
+    except SystemExit as error:
+        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+    before = path.with_suffix(".md")
+    markdown = before.read_text() if before.is_file() else ""
+    recorded = Recorded(args, load_config(args), record["results"], command, markdown)
+    try:
+        text = renderers[max(prefixes, key=len)](recorded) + run_notes(markdown)
+    except (KeyError, TypeError, ValueError) as error:
+        why = f"{type(error).__name__}: {error}"
+        raise SystemExit(f"{path}: these results lack what the table shows today ({why})") from error
+    target = out / before.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text if text.endswith("\n") else text + "\n")
+    return target
