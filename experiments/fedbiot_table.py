@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import plots, tables
+from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
 
 # The baselines distil their emulator with their own objective, not FedBiOT's eq. (2): Offsite-tuning's
 # (and FederatedScope's FedOT) is a relative hidden-state MSE plus the LM loss. fedtune has the MSE
@@ -334,10 +335,10 @@ def main(argv: list[str] | None = None) -> None:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
         kept = tables.keep_earlier_rows(curves, stem) if args.keep_earlier else []
-        plot_trajectory(cfg, metric, curves, tables.sibling(stem, ".png"))
+        plot_trajectory(cfg, metric, curves, LABELS, tables.sibling(stem, ".png"))
         # the replies rejected are the table's: its runs, and with --keep-earlier its previous notes
         notes = tables.closing_notes(dirs, table_stem, args, kept_rows=kept_names(kept))
-        text = trajectory_markdown(cfg, metric, curves, command) + notes
+        text = trajectory_markdown(cfg, metric, curves, LABELS, command) + notes
         tables.write_table(stem, text, cfg.name, command, curves, args)
 
 
@@ -360,123 +361,6 @@ def row_name(key: str) -> str:
 
 def kept_names(kept: list[str]) -> list[str]:
     return [row_name(k) for k in kept]
-
-
-MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))
-
-
-def trajectory_summary(run_dirs: list[Path], metric: str) -> dict[str, Any]:
-    """Per evaluated round (over the seeds whose run finished): mean ± std of AdapEmu / AdapFu ``metric``
-    and perplexity, and per seed the best round by AdapFu ``metric``; a tie goes to the lower AdapFu
-    perplexity, then to the earlier round (a metric that is 0 in every round leaves perplexity to decide)."""
-    by_seed = {
-        tables.seed_of(d): {int(r["round"]): r["eval"] for r in tables.finished_rows(d) if r.get("eval")}
-        for d in run_dirs
-    }
-    by_seed = {seed: rounds for seed, rounds in by_seed.items() if rounds}
-    out: dict[str, Any] = {"seeds": len(by_seed), "rounds": {}}
-    if not by_seed:
-        return out
-    common = sorted(set.intersection(*(set(rounds) for rounds in by_seed.values())))
-    for rnd in common:
-        cells = {}
-        for model, _ in MODELS:
-            for name in dict.fromkeys([metric, "perplexity"]):
-                key = f"{model}/{name}"
-                values = [rounds[rnd][key] for rounds in by_seed.values() if key in rounds[rnd]]
-                if values:
-                    cells[key] = tables.mean_std(values)
-        out["rounds"][str(rnd)] = cells
-    sign = 1.0 if metric != "perplexity" else -1.0
-    out["best_round"] = {}
-    for seed, rounds in by_seed.items():
-        scores = [(sign * rounds[r][f"adapfu/{metric}"], -rounds[r]["adapfu/perplexity"], -r) for r in common]
-        out["best_round"][seed] = common[scores.index(max(scores))]
-    return out
-
-
-def trajectory_markdown(cfg: Any, metric: str, curves: dict[str, dict[str, Any]], command: str) -> str:
-    scale = 100.0 if metric != "perplexity" else 1.0
-    unit = " (%)" if scale == 100.0 else ""
-    names = list(dict.fromkeys([metric, "perplexity"]))
-    header = ["method", "dropout", "round"]
-    header += [f"{label} {name}{unit if name == metric else ''}" for name in names for _, label in MODELS]
-    rows, notes = [], []
-    for key, curve in curves.items():
-        method, d = key.split("-d")
-        for rnd, cells in curve["rounds"].items():
-            row = [LABELS.get(method, method), d, rnd]
-            for name in names:
-                for model, _ in MODELS:
-                    value = cells.get(f"{model}/{name}")
-                    factor = scale if name == metric else 1.0
-                    std = value[1] * factor if value is not None and curve["seeds"] > 1 else None
-                    shown = "-" if value is None else tables.plus_minus(value[0] * factor, std)
-                    row.append(shown)
-            rows.append(row)
-        if curve["rounds"]:
-            trained = [r for r in curve["rounds"] if r != "0"]
-            first, last = (curve["rounds"][r]["adapfu/perplexity"][0] for r in (trained[0], trained[-1]))
-            best = ", ".join(f"seed {s}: round {r}" for s, r in curve["best_round"].items())
-            label = LABELS.get(method, method)
-            notes.append(
-                f"{label}, d={d}: AdapFu perplexity {first:.3f} at round {trained[0]} -> {last:.3f} at round "
-                f"{trained[-1]} ({'falls' if last < first else 'rises or holds'}); "
-                f"best round by AdapFu {metric} (a tie: by AdapFu perplexity): {best}"
-            )
-    return "\n".join(
-        [
-            f"# {cfg.name}: AdapEmu and AdapFu over rounds, mean ± std over seeds",
-            "",
-            f"`{command}`; model {cfg.model.name}, {cfg.fed.rounds} rounds, every client every round "
-            f"unless fed.clients_per_round says less, K = {cfg.train.max_steps} local steps (batch "
-            f"{cfg.train.batch_size}), {cfg.eval.max_examples} test examples. Round 0: right after the "
-            "initial emulator distillation (AdapFu is then the base model).",
-            "",
-            tables.markdown_table(header, rows),
-            "",
-            *[f"- {note}" for note in notes],
-        ]
-    )
-
-
-def plot_trajectory(cfg: Any, metric: str, curves: dict[str, dict[str, Any]], path: Path) -> Path:
-    """Four panels (AdapEmu / AdapFu x the table's metric / perplexity), one line per method and dropout,
-    mean over seeds with a ± std band."""
-    from matplotlib.figure import Figure
-
-    scale = 100.0 if metric != "perplexity" else 1.0
-    names = list(dict.fromkeys([metric, "perplexity"]))
-    figure = Figure(figsize=(9.0, 3.2 * len(names) + 0.6), layout="constrained")
-    grid = figure.subplots(len(names), 2, squeeze=False)
-    colours = dict(zip(LABELS, ("#2ca02c", "#ff7f0e", "#1f77b4", "#9467bd"), strict=True))
-    dropouts = sorted({key.split("-d")[1] for key in curves})
-    for row, name in zip(grid, names, strict=True):
-        factor = scale if name == metric else 1.0
-        for ax, (model, label) in zip(row, MODELS, strict=True):
-            for key, curve in curves.items():
-                method, d = key.split("-d")
-                key_name = f"{model}/{name}"
-                points = [(int(r), c[key_name]) for r, c in curve["rounds"].items() if key_name in c]
-                if not points:
-                    continue
-                xs = np.array([x for x, _ in points])
-                mean = np.array([v[0] for _, v in points]) * factor
-                std = np.array([v[1] for _, v in points]) * factor
-                style = "-" if d == dropouts[0] else "--"
-                colour = colours.get(method, "#7f7f7f")
-                label_d = f"{LABELS.get(method, method)} d={d}"
-                ax.plot(xs, mean, style, marker="o", color=colour, label=label_d)
-                ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.15)
-            ax.set_title(f"{label}: {name}{' (%)' if factor == 100.0 else ''}")
-            ax.set_xlabel("round")
-            if name == "perplexity":
-                ax.set_yscale("log")
-            ax.grid(True, alpha=0.3)
-    handles, labels = grid[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
-    plots.suptitle(figure, f"{cfg.name}: {cfg.model.name}, AdapEmu and AdapFu over rounds", fontsize=None)
-    return plots.save_figure(figure, path)
 
 
 INIT_SWEEP = ["fed.rounds=1", "eval.before=true", "eval.every=1", "eval.metrics=[perplexity]"]
@@ -547,7 +431,7 @@ def render_init_sweep(recorded: tables.Recorded) -> str:
 
 def render_trajectory(recorded: tables.Recorded) -> str:
     cfg = recorded.cfg
-    return trajectory_markdown(cfg, primary_metric(cfg), recorded.results, recorded.command)
+    return trajectory_markdown(cfg, primary_metric(cfg), recorded.results, LABELS, recorded.command)
 
 
 RENDERERS: dict[str, tables.Renderer] = {
