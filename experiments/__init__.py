@@ -1,1 +1,2 @@
-"""The paper-table sweeps: one script per paper, on the shared machinery of ``experiments/sweep.py``."""
+"""The paper-table sweeps: one script per paper, on the shared table machine ``experiments/tables.py``
+(plots: ``experiments/plots.py``)."""

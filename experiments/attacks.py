@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import setup_torch
 
-from experiments import sweep
+from experiments import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 Reply = dict[str, Any]
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         __doc__.split("\n\n", 2)[2].strip().replace("\n", " "),
         "",
-        f"`{sweep.command_line(__file__, argv)}`",
+        f"`{tables.command_line(__file__, argv)}`",
         "",
     ]
     for aggregator, settings in AGGREGATORS.items():
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                 results[f"{aggregator}/{method}/{attack_name}"] = {**result, "honest": honest.get("value")}
                 row.append(cell(result, honest))
             rows.append(row)
-        lines += [f"## {aggregator}", "", sweep.markdown_table(["method", "honest", *ATTACKS], rows), ""]
+        lines += [f"## {aggregator}", "", tables.markdown_table(["method", "honest", *ATTACKS], rows), ""]
     lines.append(NOTES)
     args.out.write_text("\n".join(lines))
     args.json.write_text(json.dumps(results, indent=1, default=str))

@@ -46,7 +46,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import plots, tables
+from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
 
 # The baselines distil their emulator with their own objective, not FedBiOT's eq. (2): Offsite-tuning's
 # (and FederatedScope's FedOT) is a relative hidden-state MSE plus the LM loss. fedtune has the MSE
@@ -81,13 +82,6 @@ ABLATION: dict[str, list[str]] = {
 }
 
 
-def run_one(config: Path, overrides: list[str], run_dir: Path) -> None:
-    # Runs that differ only in what the initial emulator distillation does not depend on (method rows
-    # sharing a split, eps, seeds of other steps) share it through this cache.
-    shared = f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}"
-    sweep.run(config, [shared, *overrides], run_dir, threads=None)
-
-
 def primary_metric(cfg: Any) -> str:
     generation = [m for m in cfg.eval.metrics if m != "perplexity"]
     return generation[0] if generation else "perplexity"
@@ -96,22 +90,21 @@ def primary_metric(cfg: Any) -> str:
 def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     """Mean / std over seeds of AdapEmu and AdapFu, plus traffic and client size of the first run."""
     # A seed also draws the test subset (eval.max_examples), so methods are compared seed by seed too.
-    finals = {sweep.seed_of(d): sweep.last_evaluated(sweep.finished_rows(d)) for d in run_dirs}
-    by_seed = {seed: final["eval"] for seed, final in finals.items() if final is not None}
+    by_seed = {seed: final["eval"] for seed, final in tables.finals(run_dirs).items()}
     out: dict[str, Any] = {"seeds": len(by_seed)}
-    for model in ("adapemu", "adapfu"):
-        for name in (metric, "perplexity"):
-            key = f"{model}/{name}"
-            out |= sweep.over_seeds(key, {seed: f[key] for seed, f in by_seed.items() if key in f})
-    done = [d for d in run_dirs if sweep.seed_of(d) in by_seed]
+    names = (metric, "perplexity")
+    out |= tables.seed_values(
+        by_seed, [f"{model}/{name}" for model in ("adapemu", "adapfu") for name in names]
+    )
+    done = [d for d in run_dirs if tables.seed_of(d) in by_seed]
     if done:
-        rows = sweep.trained_rows(sweep.read_rows(done[0]))
-        out["mb_down_per_round"] = sweep.per_round_mb(rows, "bytes_down", 2**20)
-        out["mb_up_per_round"] = sweep.per_round_mb(rows, "bytes_up", 2**20)
+        rows = tables.trained_rows(tables.read_rows(done[0]))
+        out["mb_down_per_round"] = tables.per_round_mb(rows, "bytes_down", 2**20)
+        out["mb_up_per_round"] = tables.per_round_mb(rows, "bytes_up", 2**20)
         out["emulator_sends"] = int(sum(r.get("emulator_sends", 0) for r in rows))
     # How far the clients moved the adapter (what the proximal term acts on): per seed the mean over
     # the trained rounds, then mean ± std over seeds; runs that predate the metric have none.
-    trained = {sweep.seed_of(d): sweep.trained_rows(sweep.read_rows(d)) for d in done}
+    trained = {tables.seed_of(d): tables.trained_rows(tables.read_rows(d)) for d in done}
     for key in ("adapter_shift", "adapter_shift_pct"):
         shifts = {
             seed: float(np.mean(values))
@@ -119,7 +112,7 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
             if (values := [r[key] for r in seed_rows if key in r])
         }
         if shifts:
-            out |= sweep.over_seeds(key, shifts)
+            out |= tables.over_seeds(key, shifts)
     info_path = done[0] / "artifacts" / "fedbiot.json" if done else None
     if info_path is not None and info_path.is_file():
         info = json.loads(info_path.read_text())
@@ -133,7 +126,7 @@ def _fmt(result: dict[str, Any], key: str, scale: float = 1.0, seeds: int = 0) -
     if key not in result:
         return "-"
     count = f" (n={result['seeds']})" if seeds and result.get("seeds") != seeds else ""
-    return sweep.cell(result[f"{key}_by_seed"], 2, scale) + count
+    return tables.cell(result[f"{key}_by_seed"], 2, scale) + count
 
 
 def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: list[float]) -> list[str]:
@@ -149,12 +142,12 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
             compared = [m for m in ("offsite", "fedot") if present[m]]
             for method in ("fedbiot_a2", "fedbiot_a4"):
                 names = [method, *compared]
-                seeds = sweep.common_seeds([present[m] for m in names])
+                seeds = tables.common_seeds([present[m] for m in names])
                 if not compared or not seeds:
                     continue
                 ours, *baselines = [float(np.mean([present[m][s] for s in seeds])) for m in names]
                 against = {
-                    m: sweep.verdict([sign * v, sign * ours], strict=False)
+                    m: tables.verdict([sign * v, sign * ours], strict=False)
                     for m, v in zip(compared, baselines, strict=True)
                 }
                 beaten = [LABELS[m] for m, v in against.items() if v == "does not hold"]
@@ -165,7 +158,7 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
                 numbers = ", ".join(f"{LABELS[m]} {v:.4g}" for m, v in zip(compared, baselines, strict=True))
                 wins = sum(
                     all(
-                        sweep.rises([sign * present[m][s], sign * present[method][s]], False)
+                        tables.rises([sign * present[m][s], sign * present[method][s]], False)
                         for m in compared
                     )
                     for s in seeds
@@ -215,7 +208,7 @@ def markdown(
         f"local steps (batch {cfg.train.batch_size}), {cfg.eval.max_examples} test examples. MB per "
         "round are for the first seed and the first dropout listed (all clients of a round together).",
         "",
-        sweep.markdown_table(header, rows),
+        tables.markdown_table(header, rows),
     ]
     for name in dict.fromkeys([metric, "perplexity"]):
         checks = ordering_checks(results, name, dropouts)
@@ -239,7 +232,7 @@ def markdown(
             "",
             "Perplexity on the test set:",
             "",
-            sweep.markdown_table(["method", "dropout", "AdapEmu", "AdapFu"], ppl),
+            tables.markdown_table(["method", "dropout", "AdapEmu", "AdapFu"], ppl),
         ]
     return "\n".join(lines)
 
@@ -270,18 +263,18 @@ def plot(
             )
         ax.set_xticks(range(len(methods)), [LABELS[m].replace(" (", "\n(") for m in methods], fontsize=8)
         seeds = max((results.get(f"{m}-d{d}", {}).get("seeds", 0) for m in methods), default=0)
-        ax.set_title(f"dropout {d} ({sweep.seeds_text(seeds)})")
+        ax.set_title(f"dropout {d} ({tables.seeds_text(seeds)})")
         ax.grid(True, axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[0].set_ylabel(f"{metric}{' (%)' if scale == 100.0 else ''}")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
-    sweep.suptitle(figure, f"{cfg.name}: {cfg.model.name}, mean ± std over seeds", fontsize=None)
-    return sweep.save_figure(figure, path)
+    plots.suptitle(figure, f"{cfg.name}: {cfg.model.name}, mean ± std over seeds", fontsize=None)
+    return plots.save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, jobs=False, keep_earlier=True)
+    parser = tables.table_parser(__doc__, jobs=False, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument(
         "--dropouts", nargs="+", type=float, help="emulator dropouts (default: 0.2 0.5; --init-sweep: 0.5)"
@@ -297,65 +290,67 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also tabulate and plot every evaluated round of each method (trajectory-<config name>)",
     )
-    args = parser.parse_args(argv)
-    cfg = sweep.load_config(args)
+    args = tables.parse_args(parser, argv)
+    if args.render:
+        tables.render(args.render, parser, RENDERERS, args.results_dir)
+        return
+    cfg = tables.load_config(args)
     metric = primary_metric(cfg)
     base = args.runs_dir / cfg.name
-    command = sweep.command_line(__file__, argv)
+    command = tables.command_line(__file__, argv)
     if args.init_sweep:
         init_sweep(args, cfg, base, command)
         return
     args.dropouts = args.dropouts or [0.2, 0.5]
     if args.ablation:
         variants = {"default": [], **ABLATION}
+        fedbiot = [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2"]
+        rows = {name: [*fedbiot, *overrides] for name, overrides in variants.items()}
         # The default variant is the table's FedBiOT (adapter 2, d = 0.2) run: the same run, shared.
-        dirs = {
-            name: sweep.seed_dirs(
-                base, "fedbiot_a2-d0.2" if name == "default" else f"ablation-{name}", args.seeds
-            )
-            for name in variants
-        }
-        runs = {
-            run_dir: [*args.set, *METHODS["fedbiot_a2"], "fedbiot.dropout=0.2", *overrides, f"seed={seed}"]
-            for name, overrides in variants.items()
-            for seed, run_dir in zip(args.seeds, dirs[name], strict=True)
-        }
+        stems = {name: "fedbiot_a2-d0.2" if name == "default" else f"ablation-{name}" for name in variants}
     else:
-        dirs = {
-            f"{method}-d{d}": sweep.seed_dirs(base, f"{method}-d{d}", args.seeds)
+        rows = {
+            f"{method}-d{d}": [*METHODS[method], f"fedbiot.dropout={d}"]
             for d in args.dropouts
             for method in args.methods
         }
-        runs = {
-            run_dir: [*args.set, *METHODS[method], f"fedbiot.dropout={d}", f"seed={seed}"]
-            for d in args.dropouts
-            for method in args.methods
-            for seed, run_dir in zip(args.seeds, dirs[f"{method}-d{d}"], strict=True)
-        }
-    if not args.table_only:
-        for run_dir, overrides in runs.items():
-            run_one(args.config, overrides, run_dir)
+        stems = {}
+    runs = tables.plan(base, rows, args.seeds, args.set, stems=stems)
+    start(args, runs)
+    dirs = runs.dirs
     results = {key: summarise(paths, metric) for key, paths in dirs.items()}
     stem = args.results_dir / f"{'ablation' if args.ablation else 'table'}-{cfg.name}"
-    kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
-    seeds_kept = sweep.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
+    kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
+    seeds_kept = tables.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
     if args.ablation:
         text = ablation_markdown(cfg, metric, variants, results, command)
     else:
         text = markdown(cfg, metric, results, args.dropouts, command)
-        plot(cfg, metric, results, args.dropouts, sweep.sibling(stem, ".png"))
-    rejected = sweep.rejected_note(
-        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
-    )
-    text += kept_note(kept) + sweep.kept_seeds_note({row_name(k): v for k, v in seeds_kept.items()})
-    sweep.write_table(stem, text + rejected, cfg.name, command, results, args)
+        plot(cfg, metric, results, args.dropouts, tables.sibling(stem, ".png"))
+    named_seeds = {row_name(k): v for k, v in seeds_kept.items()}
+    text += tables.closing_notes(dirs, stem, args, kept_rows=kept_names(kept), kept_seeds=named_seeds)
+    tables.write_table(stem, text, cfg.name, command, results, args)
+    table_stem = stem
     if args.trajectory and not args.ablation:
         curves = {key: trajectory_summary(paths, metric) for key, paths in dirs.items()}
         stem = args.results_dir / f"trajectory-{cfg.name}"
-        kept = sweep.keep_earlier_rows(curves, stem) if args.keep_earlier else []
-        plot_trajectory(cfg, metric, curves, sweep.sibling(stem, ".png"))
-        text = trajectory_markdown(cfg, metric, curves, command) + kept_note(kept) + rejected
-        sweep.write_table(stem, text, cfg.name, command, curves, args)
+        kept = tables.keep_earlier_rows(curves, stem) if args.keep_earlier else []
+        plot_trajectory(cfg, metric, curves, LABELS, tables.sibling(stem, ".png"))
+        # the replies rejected are the table's: its runs, and with --keep-earlier its previous notes
+        notes = tables.closing_notes(dirs, table_stem, args, kept_rows=kept_names(kept))
+        text = trajectory_markdown(cfg, metric, curves, LABELS, command) + notes
+        tables.write_table(stem, text, cfg.name, command, curves, args)
+
+
+def start(args: Any, runs: tables.Plan) -> None:
+    """Run ``runs`` one after another (a run takes every core), unless ``--table-only``: runs that differ
+    only in what the initial emulator distillation does not depend on (method rows sharing a split, eps,
+    seeds of other steps) share it through a cache beside them."""
+    if args.table_only:
+        return
+    for run_dir, overrides in runs.runs.items():
+        shared = f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}"
+        tables.run(args.config, [shared, *overrides], run_dir, threads=None)
 
 
 def row_name(key: str) -> str:
@@ -364,155 +359,46 @@ def row_name(key: str) -> str:
     return f"{LABELS[method]} d={dropout}" if method in LABELS else key
 
 
-def kept_note(kept: list[str]) -> str:
-    return sweep.kept_rows_note([row_name(k) for k in kept])
-
-
-MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))
-
-
-def trajectory_summary(run_dirs: list[Path], metric: str) -> dict[str, Any]:
-    """Per evaluated round (over the seeds whose run finished): mean ± std of AdapEmu / AdapFu ``metric``
-    and perplexity, and per seed the best round by AdapFu ``metric``; a tie goes to the lower AdapFu
-    perplexity, then to the earlier round (a metric that is 0 in every round leaves perplexity to decide)."""
-    by_seed = {
-        sweep.seed_of(d): {int(r["round"]): r["eval"] for r in sweep.finished_rows(d) if r.get("eval")}
-        for d in run_dirs
-    }
-    by_seed = {seed: rounds for seed, rounds in by_seed.items() if rounds}
-    out: dict[str, Any] = {"seeds": len(by_seed), "rounds": {}}
-    if not by_seed:
-        return out
-    common = sorted(set.intersection(*(set(rounds) for rounds in by_seed.values())))
-    for rnd in common:
-        cells = {}
-        for model, _ in MODELS:
-            for name in dict.fromkeys([metric, "perplexity"]):
-                key = f"{model}/{name}"
-                values = [rounds[rnd][key] for rounds in by_seed.values() if key in rounds[rnd]]
-                if values:
-                    cells[key] = sweep.mean_std(values)
-        out["rounds"][str(rnd)] = cells
-    sign = 1.0 if metric != "perplexity" else -1.0
-    out["best_round"] = {}
-    for seed, rounds in by_seed.items():
-        scores = [(sign * rounds[r][f"adapfu/{metric}"], -rounds[r]["adapfu/perplexity"], -r) for r in common]
-        out["best_round"][seed] = common[scores.index(max(scores))]
-    return out
-
-
-def trajectory_markdown(cfg: Any, metric: str, curves: dict[str, dict[str, Any]], command: str) -> str:
-    scale = 100.0 if metric != "perplexity" else 1.0
-    unit = " (%)" if scale == 100.0 else ""
-    names = list(dict.fromkeys([metric, "perplexity"]))
-    header = ["method", "dropout", "round"]
-    header += [f"{label} {name}{unit if name == metric else ''}" for name in names for _, label in MODELS]
-    rows, notes = [], []
-    for key, curve in curves.items():
-        method, d = key.split("-d")
-        for rnd, cells in curve["rounds"].items():
-            row = [LABELS.get(method, method), d, rnd]
-            for name in names:
-                for model, _ in MODELS:
-                    value = cells.get(f"{model}/{name}")
-                    factor = scale if name == metric else 1.0
-                    std = value[1] * factor if value is not None and curve["seeds"] > 1 else None
-                    shown = "-" if value is None else sweep.plus_minus(value[0] * factor, std)
-                    row.append(shown)
-            rows.append(row)
-        if curve["rounds"]:
-            trained = [r for r in curve["rounds"] if r != "0"]
-            first, last = (curve["rounds"][r]["adapfu/perplexity"][0] for r in (trained[0], trained[-1]))
-            best = ", ".join(f"seed {s}: round {r}" for s, r in curve["best_round"].items())
-            label = LABELS.get(method, method)
-            notes.append(
-                f"{label}, d={d}: AdapFu perplexity {first:.3f} at round {trained[0]} -> {last:.3f} at round "
-                f"{trained[-1]} ({'falls' if last < first else 'rises or holds'}); "
-                f"best round by AdapFu {metric} (a tie: by AdapFu perplexity): {best}"
-            )
-    return "\n".join(
-        [
-            f"# {cfg.name}: AdapEmu and AdapFu over rounds, mean ± std over seeds",
-            "",
-            f"`{command}`; model {cfg.model.name}, {cfg.fed.rounds} rounds, every client every round "
-            f"unless fed.clients_per_round says less, K = {cfg.train.max_steps} local steps (batch "
-            f"{cfg.train.batch_size}), {cfg.eval.max_examples} test examples. Round 0: right after the "
-            "initial emulator distillation (AdapFu is then the base model).",
-            "",
-            sweep.markdown_table(header, rows),
-            "",
-            *[f"- {note}" for note in notes],
-        ]
-    )
-
-
-def plot_trajectory(cfg: Any, metric: str, curves: dict[str, dict[str, Any]], path: Path) -> Path:
-    """Four panels (AdapEmu / AdapFu x the table's metric / perplexity), one line per method and dropout,
-    mean over seeds with a ± std band."""
-    from matplotlib.figure import Figure
-
-    scale = 100.0 if metric != "perplexity" else 1.0
-    names = list(dict.fromkeys([metric, "perplexity"]))
-    figure = Figure(figsize=(9.0, 3.2 * len(names) + 0.6), layout="constrained")
-    grid = figure.subplots(len(names), 2, squeeze=False)
-    colours = dict(zip(LABELS, ("#2ca02c", "#ff7f0e", "#1f77b4", "#9467bd"), strict=True))
-    dropouts = sorted({key.split("-d")[1] for key in curves})
-    for row, name in zip(grid, names, strict=True):
-        factor = scale if name == metric else 1.0
-        for ax, (model, label) in zip(row, MODELS, strict=True):
-            for key, curve in curves.items():
-                method, d = key.split("-d")
-                key_name = f"{model}/{name}"
-                points = [(int(r), c[key_name]) for r, c in curve["rounds"].items() if key_name in c]
-                if not points:
-                    continue
-                xs = np.array([x for x, _ in points])
-                mean = np.array([v[0] for _, v in points]) * factor
-                std = np.array([v[1] for _, v in points]) * factor
-                style = "-" if d == dropouts[0] else "--"
-                colour = colours.get(method, "#7f7f7f")
-                label_d = f"{LABELS.get(method, method)} d={d}"
-                ax.plot(xs, mean, style, marker="o", color=colour, label=label_d)
-                ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.15)
-            ax.set_title(f"{label}: {name}{' (%)' if factor == 100.0 else ''}")
-            ax.set_xlabel("round")
-            if name == "perplexity":
-                ax.set_yscale("log")
-            ax.grid(True, alpha=0.3)
-    handles, labels = grid[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(labels)), frameon=False)
-    sweep.suptitle(figure, f"{cfg.name}: {cfg.model.name}, AdapEmu and AdapFu over rounds", fontsize=None)
-    return sweep.save_figure(figure, path)
+def kept_names(kept: list[str]) -> list[str]:
+    return [row_name(k) for k in kept]
 
 
 INIT_SWEEP = ["fed.rounds=1", "eval.before=true", "eval.every=1", "eval.metrics=[perplexity]"]
 
 
 def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
-    dropouts = args.dropouts or [0.5]
-    keys = [(d, steps) for d in dropouts for steps in args.init_sweep]
-    dirs = {key: sweep.seed_dirs(base, f"i0-{key[1]}-d{key[0]}", args.seeds) for key in keys}
-    if not args.table_only:
-        for (d, steps), paths in dirs.items():
-            for seed, run_dir in zip(args.seeds, paths, strict=True):
-                overrides = [*METHODS["fedbiot_a2"], f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}"]
-                run_one(args.config, [*args.set, *overrides, *INIT_SWEEP, f"seed={seed}"], run_dir)
-    results = {f"{steps}-d{d}": init_summary(paths) for (d, steps), paths in dirs.items()}
+    a2 = METHODS["fedbiot_a2"]
+    rows = {
+        f"{steps}-d{d}": [*a2, f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}", *INIT_SWEEP]
+        for d in args.dropouts or [0.5]
+        for steps in args.init_sweep
+    }
+    runs = tables.plan(base, rows, args.seeds, args.set, stems={key: f"i0-{key}" for key in rows})
+    start(args, runs)
+    results = {key: init_summary(paths) for key, paths in runs.dirs.items()}
+    text = init_sweep_text(cfg, args, results, command)
+    tables.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
+
+
+def init_sweep_text(cfg: Any, args: Any, results: dict[str, Any], command: str) -> str:
+    """The initial distillation's table: per I_0 and dropout, perplexity after it and after round 1."""
+    keys = [(d, steps) for d in args.dropouts or [0.5] for steps in args.init_sweep]
     rows = [
         [
             str(steps),
             f"{d:g}",
-            sweep.cell(r.get("after_init/adapemu"), 1),
-            sweep.cell(r.get("after_init/adapfu"), 2),
-            sweep.cell(r.get("round1/adapemu"), 1),
-            sweep.cell(r.get("round1/adapfu"), 2),
-            sweep.cell(r.get("init_mse"), 3),
+            tables.cell(r.get("after_init/adapemu"), 1),
+            tables.cell(r.get("after_init/adapfu"), 2),
+            tables.cell(r.get("round1/adapemu"), 1),
+            tables.cell(r.get("round1/adapfu"), 2),
+            tables.cell(r.get("init_mse"), 3),
             str(r["seeds"]),
         ]
-        for (d, steps), r in zip(keys, results.values(), strict=True)
+        for d, steps in keys
+        for r in [results[f"{steps}-d{d}"]]
     ]
     header = ["I_0", "dropout", "AdapEmu ppl after I_0", "AdapFu ppl (base)", "AdapEmu ppl, round 1"]
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: the initial emulator distillation's length (FedBiOT adapter 2)",
             "",
@@ -522,10 +408,38 @@ def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
             "public set and after one round of training; mean ± std over seeds. Distillation MSE: eq. (2)'s "
             "normalised hidden-state term, averaged over the I_0 steps.",
             "",
-            sweep.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
+            tables.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
         ]
     )
-    sweep.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
+
+
+def render_table(recorded: tables.Recorded) -> str:
+    cfg, args = recorded.cfg, recorded.args
+    dropouts = args.dropouts or [0.2, 0.5]
+    return markdown(cfg, primary_metric(cfg), recorded.results, dropouts, recorded.command)
+
+
+def render_ablation(recorded: tables.Recorded) -> str:
+    cfg = recorded.cfg
+    variants = {"default": [], **ABLATION}
+    return ablation_markdown(cfg, primary_metric(cfg), variants, recorded.results, recorded.command)
+
+
+def render_init_sweep(recorded: tables.Recorded) -> str:
+    return init_sweep_text(recorded.cfg, recorded.args, recorded.results, recorded.command)
+
+
+def render_trajectory(recorded: tables.Recorded) -> str:
+    cfg = recorded.cfg
+    return trajectory_markdown(cfg, primary_metric(cfg), recorded.results, LABELS, recorded.command)
+
+
+RENDERERS: dict[str, tables.Renderer] = {
+    "table-": render_table,
+    "ablation-": render_ablation,
+    "sweep-i0-": render_init_sweep,
+    "trajectory-": render_trajectory,
+}
 
 
 def init_summary(run_dirs: list[Path]) -> dict[str, Any]:
@@ -533,10 +447,10 @@ def init_summary(run_dirs: list[Path]) -> dict[str, Any]:
     1, and the distillation's mean normalised hidden-state MSE (from the run's fedbiot.json)."""
     out: dict[str, Any] = {"seeds": 0}
     for run_dir in run_dirs:
-        rows = {int(r["round"]): r.get("eval", {}) for r in sweep.finished_rows(run_dir) if "eval" in r}
+        rows = {int(r["round"]): r.get("eval", {}) for r in tables.finished_rows(run_dir) if "eval" in r}
         if 0 not in rows or 1 not in rows:
             continue
-        seed = sweep.seed_of(run_dir)
+        seed = tables.seed_of(run_dir)
         out["seeds"] += 1
         for when, rnd in (("after_init", 0), ("round1", 1)):
             for model in ("adapemu", "adapfu"):
@@ -572,7 +486,7 @@ def ablation_markdown(
             "",
             f"`{command}`",
             "",
-            sweep.markdown_table(
+            tables.markdown_table(
                 [
                     "variant",
                     "overrides",

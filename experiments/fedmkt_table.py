@@ -52,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import plots, tables
 
 DATASETS: dict[str, list[str]] = {
     "wic": ["data.dataset=wordnet-wic"],
@@ -176,15 +176,15 @@ def holders(cfg: Any, setting: str, run_dir: Path) -> dict[str, list[str]]:
 
 def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) -> dict[str, float] | None:
     """The LLM's and each SLM's score in a finished run, at round ``rnd`` (None: the last evaluated)."""
-    rows = sweep.finished_rows(run_dir)
+    rows = tables.finished_rows(run_dir)
     evaluated = [r for r in rows if r["round"] == rnd and metric in r.get("eval", {})]
-    row = sweep.last_evaluated(rows, metric) if rnd is None else (evaluated or [None])[-1]
+    row = tables.last_evaluated(rows, metric) if rnd is None else (evaluated or [None])[-1]
     if row is None:
         return None
     out = model_scores(row, holders(cfg, setting, run_dir), metric)
-    trained = sweep.trained_rows(rows)
-    out["mb_up"] = sweep.per_round_mb(trained, "bytes_up")
-    out["mb_down"] = sweep.per_round_mb(trained, "bytes_down")
+    trained = tables.trained_rows(rows)
+    out["mb_up"] = tables.per_round_mb(trained, "bytes_up")
+    out["mb_down"] = tables.per_round_mb(trained, "bytes_down")
     out["client_peak_mb"] = max(float(r.get("client_peak_mem_mb", 0.0)) for r in trained)
     return out
 
@@ -212,7 +212,7 @@ def over_rounds(
     out: dict[str, dict[str, dict[str, float]]] = {}
     for seed in seeds:
         run_dir = root / f"{dataset}-{setting}-fedmkt-s{seed}"
-        rows = sweep.finished_rows(run_dir)
+        rows = tables.finished_rows(run_dir)
         held = holders(cfg, setting, run_dir) if rows else {}
         for row in rows:
             cells = model_scores(row, held, metric)
@@ -245,13 +245,13 @@ def rounds_markdown(
         rows = [
             [
                 rnd,
-                *(sweep.cell(cells.get(n), 1, 100.0) for n in ["llm", *names]),
-                *(sweep.cell(cells.get(k), 1) for k in SELECTED),
+                *(tables.cell(cells.get(n), 1, 100.0) for n in ["llm", *names]),
+                *(tables.cell(cells.get(k), 1) for k in SELECTED),
             ]
             for rnd, cells in by_round.items()
         ]
         header = ["round", "LLM", *names, *(f"selected: {label}" for label in SELECTED.values())]
-        parts += [f"## {dataset}, {setting}", "", sweep.markdown_table(header, rows), ""]
+        parts += [f"## {dataset}, {setting}", "", tables.markdown_table(header, rows), ""]
         if carried and key in carried:
             kept = ", ".join(carried[key])
             parts += [f"Seeds kept from this file's previous results (runs not in {root}): {kept}", ""]
@@ -297,13 +297,13 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
             ax.legend(fontsize=7, frameon=False)
     grid[0][0].set_ylabel("score x 100 (acc or Rouge-L)")
     grid[1][0].set_ylabel(f"public samples selected (of {cfg.fedmkt.public_examples})")
-    sweep.suptitle(figure, f"{cfg.name}: FedMKT over rounds; dots: each seed")
-    return sweep.save_figure(figure, path)
+    plots.suptitle(figure, f"{cfg.name}: FedMKT over rounds; dots: each seed")
+    return plots.save_figure(figure, path)
 
 
 def fedit_score(run_dir: Path, metric: str) -> float | None:
     """The server model's last score: a FedIT run's, or the LLM's of a FedMKT run."""
-    row = sweep.last_evaluated(sweep.finished_rows(run_dir), metric)
+    row = tables.last_evaluated(tables.finished_rows(run_dir), metric)
     return None if row is None else float(row["eval"][metric])
 
 
@@ -365,35 +365,27 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     def mean(values: dict[str, float]) -> float:
         return float(np.mean(list(values.values())))
 
-    def seeds_note(columns: list[dict[str, float]]) -> str:
-        wins, seeds = sweep.seeds_holding(columns)
-        return f", in {wins} of {seeds} seeds" if seeds > 1 else ""
-
-    def on_common(columns: list[dict[str, float]]) -> tuple[list[dict[str, float]], str]:
-        """The columns cut to the seeds they all have, and a note naming those seeds when a column
-        had others (the rows' runs were made at different times)."""
-        both = sweep.common_seeds(columns)
-        cut = [{seed: values[seed] for seed in both} for values in columns]
-        if not both or all(len(values) == len(both) for values in columns):
-            return cut, ""
-        which = f"seed {both[0]}" if len(both) == 1 else f"seeds {', '.join(both)}"
-        return cut, f" (on {which}, which every row compared has)"
+    def seeds_note(claim: tables.Verdict) -> str:
+        return f", in {claim.holding} of {claim.seeds} seeds" if claim.seeds > 1 else ""
 
     lines = []
     for name in names:
-        columns, note = on_common([column(row, name) for row in ("zeroshot", "standalone", "fedmkt")])
+        rows = [column(row, name) for row in ("zeroshot", "standalone", "fedmkt")]
+        columns, note = tables.on_common_seeds(rows)
         if all(columns):
-            zero, alone, mkt = map(mean, columns)
+            claim = tables.check(columns)
+            zero, alone, mkt = claim.means
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
-                f"{100 * mkt:.1f}{note}: **{sweep.verdict([zero, alone, mkt])}**" + seeds_note(columns)
+                f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim)
             )
-    columns, note = on_common([column("zeroshot", "llm"), column("fedmkt", "llm")])
+    columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):
-        zero, mkt = map(mean, columns)
+        claim = tables.check(columns)
+        zero, mkt = claim.means
         # the shared centralized runs may have seeds this setting's runs lack: compare on common seeds
         fedmkt, central = columns[1], column("centralized", "llm")
-        both = sweep.common_seeds([fedmkt, central])
+        both = tables.common_seeds([fedmkt, central])
         against = ""
         if both:
             gap = float(np.mean([fedmkt[seed] - central[seed] for seed in both]))
@@ -402,10 +394,10 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             against += f"FedMKT - Centralized {100 * gap:+.1f})"
         lines.append(
             f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}{note}: "
-            f"**{sweep.verdict([zero, mkt])}**" + seeds_note(columns)
+            f"**{claim.verdict}**" + seeds_note(claim)
         )
         public = column("llmpublic", "llm")
-        both = sweep.common_seeds([fedmkt, public])
+        both = tables.common_seeds([fedmkt, public])
         if both:
             gain = float(np.mean([fedmkt[seed] - public[seed] for seed in both]))
             same = "seed" if len(both) == 1 else f"{len(both)} seeds"
@@ -416,29 +408,22 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     return lines
 
 
-def markdown(
+def tabulate(
     cfg: Any,
     root: Path,
     datasets: list[str],
     chosen: list[str],
     seeds: list[int],
-    command: str,
     earlier: dict[str, Any] | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """The tables as markdown, and their values: ``<dataset>-<setting>`` -> row -> column -> seed -> value
-    (and ``carried``: ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
-    parts = [
-        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
-        "",
-    ]
+) -> dict[str, Any]:
+    """The tables' values: ``<dataset>-<setting>`` -> row -> column -> seed -> value (and ``carried``:
+    ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
-        data_metric = metric_of(cfg, dataset)
         for setting in chosen:
             key = f"{dataset}-{setting}"
-            names = slms(cfg, setting)
-            table = collect(cfg, root, dataset, setting, seeds, data_metric)
+            table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset))
             if earlier is not None:
                 kept = keep_earlier(table, earlier.get(key, {}), seeds)
                 if kept:
@@ -446,6 +431,28 @@ def markdown(
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting
                 continue
             results[key] = table
+    if carried:
+        results["carried"] = carried
+    return results
+
+
+def markdown(
+    cfg: Any, results: dict[str, Any], datasets: list[str], chosen: list[str], root: Path, command: str
+) -> str:
+    """The tables of `tabulate`'s ``results`` as markdown, one per dataset and setting."""
+    parts = [
+        f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
+        "",
+    ]
+    carried = results.get("carried", {})
+    for dataset in datasets:
+        data_metric = metric_of(cfg, dataset)
+        for setting in chosen:
+            key = f"{dataset}-{setting}"
+            if key not in results:
+                continue
+            names = slms(cfg, setting)
+            table = results[key]
             rows = []
             for row, label in LABELS.items():
                 if row not in table:
@@ -463,8 +470,8 @@ def markdown(
                 rows.append(
                     [
                         label,
-                        sweep.cell(values.get("llm"), 1, 100.0),
-                        *(sweep.cell(values.get(n), 1, 100.0) for n in names),
+                        tables.cell(values.get("llm"), 1, 100.0),
+                        *(tables.cell(values.get(n), 1, 100.0) for n in names),
                         traffic,
                         memory,
                         seeds_done,
@@ -473,7 +480,7 @@ def markdown(
             parts += [
                 f"## {dataset}, {setting} ({data_metric})",
                 "",
-                sweep.markdown_table(
+                tables.markdown_table(
                     ["", "LLM", *names, "MB up / down per round", "sim. peak RSS MB", "seeds"], rows
                 ),
                 "",
@@ -487,9 +494,7 @@ def markdown(
                 "",
             ]
     parts.append(f"Command: `{command}`")
-    if carried:
-        results["carried"] = carried
-    return "\n".join(parts), results
+    return "\n".join(parts)
 
 
 def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
@@ -498,7 +503,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     panels = [key for key in results if key != "carried"]
     if not panels:
         return None
-    figure, axes, first = sweep.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
+    figure, axes, first = plots.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     markers = ["o", "s", "^", "D", "v"]
     for ax, key in zip(axes, panels, strict=True):
@@ -508,7 +513,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         for index, model in enumerate(shown):
             shift = (index - (len(shown) - 1) / 2) * 0.16
             columns = [[100 * v for v in table[row].get(model, {}).values()] for row in rows]
-            sweep.seed_markers(
+            plots.seed_markers(
                 ax,
                 [x + shift for x in range(len(rows))],
                 columns,
@@ -522,13 +527,13 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
         # the shared centralized rows may have more seeds than the setting's own
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         dataset, setting = key.rsplit("-", 1)
-        ax.set_title(f"{dataset}, {setting} ({sweep.seeds_text(seeds)})", fontsize=9)
+        ax.set_title(f"{dataset}, {setting} ({tables.seeds_text(seeds)})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7, frameon=False)
     for ax in first:
         ax.set_ylabel("score x 100 (acc or Rouge-L)")
-    sweep.suptitle(figure, f"{cfg.name}: mean ± std over seeds; faint dots: each seed")
-    return sweep.save_figure(figure, path)
+    plots.suptitle(figure, f"{cfg.name}: mean ± std over seeds; faint dots: each seed")
+    return plots.save_figure(figure, path)
 
 
 def keep_earlier_rounds(by_round: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> list[str]:
@@ -555,7 +560,7 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
     """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (with
     ``--keep-earlier``, and of the seeds asked for whose runs are elsewhere, from the previous file)."""
     stem = args.results_dir / f"rounds-{cfg.name}"
-    earlier = sweep.earlier_results(stem) if args.keep_earlier else {}
+    earlier = tables.earlier_results(stem) if args.keep_earlier else {}
     curves: dict[str, Any] = {}
     carried: dict[str, list[str]] = {}
     for dataset in args.datasets:
@@ -569,14 +574,27 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
                 curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
     text = rounds_markdown(cfg, curves, command, carried, root)
     results = {**curves, "carried": carried} if carried else curves
-    sweep.write_table(stem, text, str(args.config), command, results, args)
-    figure = plot_rounds(cfg, curves, sweep.sibling(stem, ".png"))
+    tables.write_table(stem, text, str(args.config), command, results, args)
+    figure = plot_rounds(cfg, curves, tables.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
 
 
+def render_table(recorded: tables.Recorded) -> str:
+    cfg, args = recorded.cfg, recorded.args
+    root = args.runs_dir / cfg.name
+    return markdown(cfg, recorded.results, args.datasets, args.settings, root, recorded.command)
+
+
+def render_rounds(recorded: tables.Recorded) -> str:
+    cfg, args, results = recorded.cfg, recorded.args, recorded.results
+    curves = {key: value for key, value in results.items() if key != "carried"}
+    carried = results.get("carried", {})
+    return rounds_markdown(cfg, curves, recorded.command, carried, args.runs_dir / cfg.name)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__.splitlines()[0], keep_earlier=True)
+    parser = tables.table_parser(__doc__.splitlines()[0], keep_earlier=True)
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
     parser.add_argument("--datasets", nargs="+", default=["wic"], choices=list(DATASETS))
     parser.add_argument(
@@ -587,22 +605,23 @@ def main(argv: list[str] | None = None) -> None:
         help="start only these rows' runs (default: all); the table reads every row, --keep-earlier "
         "keeping the values of runs made elsewhere",
     )
-    args = parser.parse_args(argv)
-    cfg = sweep.load_config(args)
+    args = tables.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "rounds-": render_rounds}
+        tables.render(args.render, parser, renderers, args.results_dir)
+        return
+    cfg = tables.load_config(args)
     root = args.runs_dir / cfg.name
     stem = args.results_dir / f"table-{cfg.name}"
-    earlier = sweep.earlier_results(stem) if args.keep_earlier else None
+    earlier = tables.earlier_results(stem) if args.keep_earlier else None
     jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
-    if not args.table_only:
-        started = pick_rows(jobs, args.rows)
-        sweep.run_all(
-            args.config, {root / name: overrides for name, overrides in started.items()}, jobs=args.jobs
-        )
-    command = sweep.command_line(__file__, argv)
-    text, results = markdown(cfg, root, args.datasets, args.settings, args.seeds, command, earlier)
-    text += sweep.rejected_note((root / name for name in jobs), earlier=stem if args.keep_earlier else None)
-    sweep.write_table(stem, text, str(args.config), command, results, args)
-    figure = plot(cfg, results, sweep.sibling(stem, ".png"))
+    tables.start(args, {root / name: overrides for name, overrides in pick_rows(jobs, args.rows).items()})
+    command = tables.command_line(__file__, argv)
+    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier)
+    text = markdown(cfg, results, args.datasets, args.settings, root, command)
+    text += tables.closing_notes({"every run": [root / name for name in jobs]}, stem, args)
+    tables.write_table(stem, text, str(args.config), command, results, args)
+    figure = plot(cfg, results, tables.sibling(stem, ".png"))
     if figure is not None:
         print(f"plot: {figure}")
     if cfg.fed.rounds > 1:

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import plots, tables
 
 ROWS: dict[str, list[str]] = {
     "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
@@ -85,12 +85,12 @@ PARTITIONS: dict[str, list[str]] = {
 }
 
 
-def run_overrides(row: str, suffix: str, seed: int, extra: list[str]) -> list[str]:
-    """A run's overrides: ``extra`` (``--set``) first, then what defines the row, its dataset, partition
-    and seed, which win over it (``--set fedpft.distill_steps=1000`` sets FedPFT's distillation and leaves
-    the baselines' ``distill_steps=0``)."""
+def row_overrides(row: str, suffix: str) -> list[str]:
+    """What defines a run of ``row`` on ``suffix`` (``<dataset>-<partition>``): the row's keys, then the
+    dataset's and the partition's (``--set`` goes before them, `tables.plan`: ``--set
+    fedpft.distill_steps=1000`` sets FedPFT's distillation and leaves the baselines' ``distill_steps=0``)."""
     data, part = suffix.split("-")
-    return [*extra, *ROWS[row], *DATASETS[data], *PARTITIONS[part], f"seed={seed}"]
+    return [*ROWS[row], *DATASETS[data], *PARTITIONS[part]]
 
 
 def summarise(run_dirs: list[Path]) -> dict[str, Any]:
@@ -99,30 +99,29 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     curves: dict[str, dict[int, float]] = {}
     first: tuple[Path, list[Any]] | None = None  # the first finished run and its rows
     for run_dir in run_dirs:
-        rows = sweep.finished_rows(run_dir)
-        final = sweep.last_evaluated(rows, "accuracy")
+        rows = tables.finished_rows(run_dir)
+        final = tables.last_evaluated(rows, "accuracy")
         if final is not None:
             first = first or (run_dir, rows)
-            finals[sweep.seed_of(run_dir)] = final["eval"]
-            curves[sweep.seed_of(run_dir)] = {
+            finals[tables.seed_of(run_dir)] = final["eval"]
+            curves[tables.seed_of(run_dir)] = {
                 r["round"]: 100 * r["eval"]["accuracy"]
-                for r in sweep.trained_rows(rows)
+                for r in tables.trained_rows(rows)
                 if "accuracy" in (r.get("eval") or {})
             }
     out: dict[str, Any] = {"seeds": len(finals)}
     if first is None:
         return out
-    for key in ("accuracy", "macro_f1", "sub/accuracy"):
-        out |= sweep.over_seeds(key, {seed: 100 * metrics[key] for seed, metrics in finals.items()})
+    out |= tables.seed_values(finals, ("accuracy", "macro_f1", "sub/accuracy"), scale=100)
     evaluated = sorted(set.intersection(*(set(curve) for curve in curves.values())))
     out["accuracy_by_round"] = {  # the mean over seeds at each round every finished seed evaluated
-        str(rnd): sweep.mean_std(curve[rnd] for curve in curves.values())[0] for rnd in evaluated
+        str(rnd): tables.mean_std(curve[rnd] for curve in curves.values())[0] for rnd in evaluated
     }
     out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
     done, done_rows = first
-    rounds = sweep.trained_rows(done_rows)
-    out["mb_up_per_round"] = sweep.per_round_mb(rounds, "bytes_up")
-    out["mb_down_per_round"] = sweep.per_round_mb(rounds, "bytes_down")
+    rounds = tables.trained_rows(done_rows)
+    out["mb_up_per_round"] = tables.per_round_mb(rounds, "bytes_up")
+    out["mb_down_per_round"] = tables.per_round_mb(rounds, "bytes_down")
     out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
     info = done / "artifacts" / "fedpft.json"
     if info.is_file():
@@ -146,8 +145,8 @@ def _compare(
         return None
     if a["constant"] and b["constant"]:
         return f"- {suffix}: {LABELS[low]} vs {LABELS[high]}: not informative, both predict one class"
-    verdict = sweep.verdict([a["accuracy"], b["accuracy"]], strict)
-    wins, seeds = sweep.seeds_holding([a["accuracy_by_seed"], b["accuracy_by_seed"]])
+    verdict = tables.verdict([a["accuracy"], b["accuracy"]], strict)
+    wins, seeds = tables.seeds_holding([a["accuracy_by_seed"], b["accuracy_by_seed"]])
     sign = "<" if strict else "<="
     digits = 1 if f"{a['accuracy']:.1f}" != f"{b['accuracy']:.1f}" else 2  # show what decided it
     return (
@@ -183,9 +182,9 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
                 LABELS[row],
                 dataset,
                 part,
-                sweep.cell(result["accuracy_by_seed"], 1) + (" (one class)" if result["constant"] else ""),
-                sweep.cell(result["macro_f1_by_seed"], 1),
-                sweep.cell(result["sub/accuracy_by_seed"], 1),
+                tables.cell(result["accuracy_by_seed"], 1) + (" (one class)" if result["constant"] else ""),
+                tables.cell(result["macro_f1_by_seed"], 1),
+                tables.cell(result["sub/accuracy_by_seed"], 1),
                 _params(result),
                 f"{result['peak_rss_mb']:.0f}",
                 f"{result['mb_down_per_round']:.1f}",
@@ -212,7 +211,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
             "",
             f"`{command}`",
             "",
-            sweep.markdown_table(headers, rows),
+            tables.markdown_table(headers, rows),
             "",
             *(
                 [
@@ -251,7 +250,7 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
     if not panels:
         return None
-    figure, axes, first = sweep.panel_grid(len(panels), 4.2, 3.4)
+    figure, axes, first = plots.panel_grid(len(panels), 4.2, 3.4)
     series = (
         ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
         ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
@@ -261,14 +260,14 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
         for key, shift, colour, marker, label in series:
             columns = [results[f"{m}-{suffix}"].get(f"{key}_by_seed", {}).values() for m in methods]
             xs = [i + shift for i in range(len(methods))]
-            sweep.seed_markers(ax, xs, columns, colour=colour, marker=marker, label=label)
+            plots.seed_markers(ax, xs, columns, colour=colour, marker=marker, label=label)
         ax.set_xticks(range(len(methods)), [SHORT[m] for m in methods], fontsize=7.5)
         ax.set_xlim(-0.5, len(methods) - 0.5)
         seeds = max(results[f"{m}-{suffix}"]["seeds"] for m in methods)
         one_class = all(results[f"{m}-{suffix}"]["constant"] for m in methods)
         dataset, part = suffix.split("-")
         ax.set_title(
-            f"{dataset}, {part} ({sweep.seeds_text(seeds)})"
+            f"{dataset}, {part} ({tables.seeds_text(seeds)})"
             + (": every model predicts one class" if one_class else ""),
             fontsize=9,
         )
@@ -278,12 +277,12 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
-    sweep.suptitle(figure, title)
-    return sweep.save_figure(figure, path)
+    plots.suptitle(figure, title)
+    return plots.save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, keep_earlier=True)
+    parser = tables.table_parser(__doc__, keep_earlier=True)
     default_rows = [row for row in ROWS if row not in ON_DEMAND]
     parser.add_argument("--rows", nargs="+", default=default_rows, choices=list(ROWS))
     parser.add_argument("--datasets", nargs="+", default=["lexclass"], choices=list(DATASETS))
@@ -291,74 +290,83 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
-    args = parser.parse_args(argv)
-    cfg = sweep.load_config(args)
+    args = tables.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "sweep-lr-": render_lr_sweep}
+        tables.render(args.render, parser, renderers, args.results_dir)
+        return
+    cfg = tables.load_config(args)
     base = args.runs_dir / cfg.name
-    command = sweep.command_line(__file__, argv)
-    suffixes = [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+    command = tables.command_line(__file__, argv)
+    suffixes = suffixes_of(args)
     if args.lrs:
         lr_sweep(args, cfg, base, suffixes, command)
         return
-    dirs = {
-        f"{row}-{suffix}": sweep.seed_dirs(base, f"{row}-{suffix}", args.seeds)
-        for suffix in suffixes
-        for row in args.rows
-    }
-    if not args.table_only:
-        runs = {}
-        for seed_index, seed in enumerate(args.seeds):  # every row of a seed before the next seed
-            for suffix in suffixes:
-                for row in args.rows:
-                    runs[dirs[f"{row}-{suffix}"][seed_index]] = run_overrides(row, suffix, seed, args.set)
-        sweep.run_all(args.config, runs, jobs=args.jobs)
-    results = {key: summarise(paths) for key, paths in dirs.items()}
+    rows = {f"{row}-{suffix}": row_overrides(row, suffix) for suffix in suffixes for row in args.rows}
+    runs = tables.plan(base, rows, args.seeds, args.set, seed_major=True)
+    tables.start(args, runs.runs)
+    results = {key: summarise(paths) for key, paths in runs.dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
-    kept = sweep.keep_earlier_rows(results, stem) if args.keep_earlier else []
-    text = markdown(cfg, results, suffixes, command) + kept_note(kept)
-    text += sweep.rejected_note(
-        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
-    )
-    sweep.write_table(stem, text, cfg.name, command, results, args)
-    plot(cfg, results, suffixes, sweep.sibling(stem, ".png"))
+    kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
+    text = markdown(cfg, results, suffixes, command)
+    text += tables.closing_notes(runs.dirs, stem, args, kept_rows=kept_names(kept))
+    tables.write_table(stem, text, cfg.name, command, results, args)
+    plot(cfg, results, suffixes, tables.sibling(stem, ".png"))
 
 
-def kept_note(kept: list[str]) -> str:
+def kept_names(kept: list[str]) -> list[str]:
     """The rows ``--keep-earlier`` took from the previous results file, named as the table does."""
-    names = []
-    for key in kept:
-        row, dataset, part = key.split("-")
-        names.append(f"{LABELS[row]} {dataset} {part}")
-    return sweep.kept_rows_note(names)
+    return [" ".join([LABELS[row], dataset, part]) for row, dataset, part in (key.split("-") for key in kept)]
 
 
 def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:
     """Every row at each of ``args.lrs`` on the validation split; one lr for all rows by mean accuracy."""
     keys = [(lr, row, suffix) for lr in args.lrs for suffix in suffixes for row in args.rows]
-    dirs = {key: sweep.seed_dirs(base, f"lr{key[0]:g}-{key[1]}-{key[2]}", args.seeds) for key in keys}
-    if not args.table_only:
-        runs = {}
-        for seed_index, seed in enumerate(args.seeds):
-            for lr, row, suffix in keys:  # every row at one lr before the next lr
-                extra = [f"train.lr={lr}", "data.eval_split=validation"]
-                runs[dirs[(lr, row, suffix)][seed_index]] = run_overrides(
-                    row, suffix, seed, [*args.set, *extra]
-                )
-        sweep.run_all(args.config, runs, jobs=args.jobs)
+    lr_rows = {
+        f"lr{lr:g}-{row}-{suffix}": [
+            f"train.lr={lr}",
+            "data.eval_split=validation",
+            *row_overrides(row, suffix),
+        ]
+        for lr, row, suffix in keys
+    }
+    runs = tables.plan(base, lr_rows, args.seeds, args.set, seed_major=True)  # every row at one lr first
+    tables.start(args, runs.runs)
+    dirs = dict(zip(keys, runs.dirs.values(), strict=True))
     found = {key: summarise(paths) for key, paths in dirs.items()}
     results: dict[str, Any] = {f"lr{lr:g}-{row}-{suffix}": r for (lr, row, suffix), r in found.items()}
+    means = lr_means(args, found, suffixes)
+    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
+    results["chosen_lr"] = max(means, key=lambda lr: means[lr]) if means else None
+    text = lr_sweep_text(cfg, args, found, suffixes, command)
+    text += tables.rejected_note(path for paths in dirs.values() for path in paths)
+    stem = args.results_dir / f"sweep-lr-{cfg.name}"
+    tables.write_table(stem, text, cfg.name, command, results, args)
+    plot_lr_sweep(cfg, args, found, suffixes, tables.sibling(stem, ".png"))
+    plot_lr_sweep_rounds(cfg, args, found, suffixes, tables.sibling(stem, "-rounds.png"))
+
+
+def lr_means(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> dict[float, float]:
+    """lr -> the mean accuracy over every row and setting, for the lrs where all of them finished."""
     means = {}
     for lr in args.lrs:
         cells = [found[(lr, row, suffix)] for suffix in suffixes for row in args.rows]
         if all("accuracy" in c for c in cells):
             means[lr] = sum(c["accuracy"] for c in cells) / len(cells)
+    return means
+
+
+def lr_sweep_text(
+    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], command: str
+) -> str:
+    """The sweep's markdown: accuracy by lr per row, each row's best lr, the lr chosen, the rounds."""
+    means = lr_means(args, found, suffixes)
     chosen = max(means, key=lambda lr: means[lr]) if means else None
-    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
-    results["chosen_lr"] = chosen
     header = ["lr"] + [f"{LABELS[row]} {suffix}" for suffix in suffixes for row in args.rows] + ["mean"]
     rows = [
         [f"{lr:g}"]
         + [
-            sweep.cell(found[(lr, row, suffix)].get("accuracy_by_seed"), 1)
+            tables.cell(found[(lr, row, suffix)].get("accuracy_by_seed"), 1)
             for suffix in suffixes
             for row in args.rows
         ]
@@ -372,14 +380,14 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             best = max(done, key=lambda lr: found[(lr, row, suffix)]["accuracy"]) if done else None
             shown = "no lr finished" if best is None else f"best at lr {best:g} (of {len(done)} finished)"
             best_by_row.append(f"- {LABELS[row]}, {suffix}: {shown}")
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: learning-rate sweep, validation accuracy (%), mean ± std over seeds",
             "",
             f"`{command}`; {cfg.fed.rounds} rounds, {cfg.eval.max_examples} validation examples, "
-            f"{sweep.seeds_text(len(args.seeds))}. The test split is not read.",
+            f"{tables.seeds_text(len(args.seeds))}. The test split is not read.",
             "",
-            sweep.markdown_table(header, rows),
+            tables.markdown_table(header, rows),
             "",
             "Each row's best lr (the sweep picks one for all):",
             "",
@@ -392,11 +400,25 @@ def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str)
             *by_round_section(args, found, suffixes),
         ]
     )
-    text += sweep.rejected_note(path for paths in dirs.values() for path in paths)
-    stem = args.results_dir / f"sweep-lr-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results, args)
-    plot_lr_sweep(cfg, args, found, suffixes, sweep.sibling(stem, ".png"))
-    plot_lr_sweep_rounds(cfg, args, found, suffixes, sweep.sibling(stem, "-rounds.png"))
+
+
+def suffixes_of(args: Any) -> list[str]:
+    return [f"{data}-{part}" for data in args.datasets for part in args.partitions]
+
+
+def render_table(recorded: tables.Recorded) -> str:
+    return markdown(recorded.cfg, recorded.results, suffixes_of(recorded.args), recorded.command)
+
+
+def render_lr_sweep(recorded: tables.Recorded) -> str:
+    args, suffixes = recorded.args, suffixes_of(recorded.args)
+    found = {
+        (lr, row, suffix): recorded.results[f"lr{lr:g}-{row}-{suffix}"]
+        for lr in args.lrs
+        for suffix in suffixes
+        for row in args.rows
+    }
+    return lr_sweep_text(recorded.cfg, args, found, suffixes, recorded.command)
 
 
 def by_round_section(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> list[str]:
@@ -416,7 +438,7 @@ def by_round_section(args: Any, found: dict[Any, dict[str, Any]], suffixes: list
     return [
         "Validation accuracy (%) at each evaluated round (mean over seeds):",
         "",
-        sweep.markdown_table(header, lines),
+        tables.markdown_table(header, lines),
     ]
 
 
@@ -424,7 +446,7 @@ def plot_lr_sweep(
     cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], path: Path
 ) -> Path:
     """One panel per dataset and partition: validation accuracy against lr (log axis), one line per row."""
-    figure, axes, first = sweep.panel_grid(len(suffixes), 4.2, 3.2)
+    figure, axes, first = plots.panel_grid(len(suffixes), 4.2, 3.2)
     for ax, suffix in zip(axes, suffixes, strict=True):
         for row in args.rows:
             points = [(lr, found[(lr, row, suffix)]) for lr in args.lrs]
@@ -440,7 +462,7 @@ def plot_lr_sweep(
                 )
         ax.set_title(suffix)
     title = f"{cfg.name}: {cfg.model.name}, learning-rate sweep"
-    return sweep.finish_grid(
+    return plots.finish_grid(
         figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path, log_x=True
     )
 
@@ -454,7 +476,7 @@ def plot_lr_sweep_rounds(
     curves = {key: result.get("accuracy_by_round", {}) for key, result in found.items()}
     if not any(curves.values()):
         return None
-    figure, axes, first = sweep.panel_grid(len(panels), 4.2, 3.2)
+    figure, axes, first = plots.panel_grid(len(panels), 4.2, 3.2)
     for ax, (row, suffix) in zip(axes, panels, strict=True):
         for lr in args.lrs:
             curve = curves[(lr, row, suffix)]
@@ -462,7 +484,7 @@ def plot_lr_sweep_rounds(
                 ax.plot([int(r) for r in curve], list(curve.values()), marker="o", label=f"lr {lr:g}")
         ax.set_title(f"{LABELS[row]}, {suffix}", fontsize=9)
     title = f"{cfg.name}: {cfg.model.name}, validation accuracy by round"
-    return sweep.finish_grid(
+    return plots.finish_grid(
         figure, axes, first, xlabel="round", ylabel="validation accuracy (%)", title=title, path=path
     )
 

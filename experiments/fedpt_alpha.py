@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import setup_torch
 
-from experiments import sweep
+from experiments import plots, tables
 
 GRID = (0.5, 0.8, 1.0, 1.3, 1.5, 1.8, 2.0, 2.5, 3.0)
 LABELS = {"fedavg_pt": "FedAvg+PT", "fedpt": "FedPT"}
@@ -47,7 +47,7 @@ def method_of(run_dir: Path) -> str:
 
 def recorded(run_dir: Path) -> dict[str, Any]:
     """The run's final evaluation as it recorded it."""
-    row = sweep.last_evaluated(sweep.read_rows(run_dir), "rougeL")
+    row = tables.last_evaluated(tables.read_rows(run_dir), "rougeL")
     if row is None:
         raise SystemExit(f"{run_dir}: no finished evaluation in metrics.jsonl; finish the run first")
     return dict(row["eval"])
@@ -147,9 +147,9 @@ def markdown(results: Sequence[Mapping[str, Any]], grid: Sequence[float], comman
             row += [f"{res['recorded'][_ppl_key(name)]:.2f}", _maybe(curve.get(run_key), 2)]
             row += [f"{res['at_alpha'][_ppl_key(name)]:.2f}"]
         rows.append(row)
-    lines += [sweep.markdown_table(headers, rows), ""]
+    lines += [tables.markdown_table(headers, rows), ""]
     lines += ["Mean over the runs of each method:", ""]
-    lines += [sweep.markdown_table(*_means(results, sets, names)), ""]
+    lines += [tables.markdown_table(*_means(results, sets, names)), ""]
     for curve, title in [
         ("validation", "Validation perplexity"),
         *[(n or "test", f"Test perplexity, {names[n]}") for n in sets],
@@ -164,7 +164,7 @@ def markdown(results: Sequence[Mapping[str, Any]], grid: Sequence[float], comman
             ]
             for r in results
         ]
-        lines += [sweep.markdown_table(headers, rows), ""]
+        lines += [tables.markdown_table(headers, rows), ""]
     return "\n".join(lines)
 
 
@@ -190,8 +190,8 @@ def _means(
         for name in sets:
             for key in (f"{name}/rougeL" if name else "rougeL", _ppl_key(name)):
                 digits = 4 if key.endswith("rougeL") else 2
-                row.append(sweep.cell([r["recorded"][key] for r in mine], digits))
-                row.append(sweep.cell([r["at_alpha"][key] for r in mine], digits))
+                row.append(tables.cell([r["recorded"][key] for r in mine], digits))
+                row.append(tables.cell([r["at_alpha"][key] for r in mine], digits))
         rows.append(row)
     return headers, rows
 
@@ -199,7 +199,7 @@ def _means(
 def plot(results: Sequence[Mapping[str, Any]], grid: Sequence[float], path: Path, title: str) -> Path:
     """Perplexity against alpha: validation, then each test set; a line per run, its pick marked."""
     curves = ["validation", "test", *(results[0]["extra_sets"] if results else [])]
-    figure, axes, first = sweep.panel_grid(len(curves), 3.6, 2.8)
+    figure, axes, first = plots.panel_grid(len(curves), 3.6, 2.8)
     colours = {"fedavg_pt": "tab:blue", "fedpt": "tab:red"}
     for ax, curve in zip(axes, curves, strict=True):
         for res in results:
@@ -217,7 +217,7 @@ def plot(results: Sequence[Mapping[str, Any]], grid: Sequence[float], path: Path
             )
         ax.set_yscale("log")  # the minimum sits low beside the high alphas' perplexity
         ax.set_title(curve if curve != "test" else "test (in domain)", fontsize=9)
-    return sweep.finish_grid(figure, axes, first, xlabel="alpha", ylabel="perplexity", title=title, path=path)
+    return plots.finish_grid(figure, axes, first, xlabel="alpha", ylabel="perplexity", title=title, path=path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", required=True, help="names the results: alpha-<name>.{md,json,png}")
     parser.add_argument("--grid", nargs="+", type=float, default=list(GRID))
     parser.add_argument("--validation-examples", type=int, default=96)
-    parser.add_argument("--results-dir", type=Path, default=sweep.RESULTS_DIR)
+    parser.add_argument("--results-dir", type=Path, default=tables.RESULTS_DIR)
     parser.add_argument("--table-only", action="store_true", help="rewrite the table from the results json")
     parser.add_argument(
         "--add",
@@ -244,24 +244,24 @@ def main(argv: list[str] | None = None) -> None:
     if not args.runs and not args.table_only:
         parser.error("name the finished runs to study (or --table-only)")
     stem = args.results_dir / f"alpha-{args.name}"
-    command = sweep.command_line(__file__, argv)
+    command = tables.command_line(__file__, argv)
     if args.table_only:  # the study's own command stays the one quoted
-        saved = json.loads(sweep.sibling(stem, ".json").read_text())
+        saved = json.loads(tables.sibling(stem, ".json").read_text())
         results, command = saved["results"], saved["command"]
         args.grid = sorted({float(a) for r in results for a in r["perplexity_by_alpha"]["validation"]})
     else:
         setup_torch(1)
         results = [study_run(run_dir, args.grid, args.validation_examples) for run_dir in args.runs]
-        saved_json = sweep.sibling(stem, ".json")
+        saved_json = tables.sibling(stem, ".json")
         if args.add and saved_json.is_file():
             earlier = json.loads(saved_json.read_text())["results"]
             studied = {r["run_dir"] for r in results}
             results = [r for r in earlier if r["run_dir"] not in studied] + results
             results.sort(key=lambda r: (r["method"] != "fedavg_pt", r["method"], int(r["seed"])))
     text = markdown(results, args.grid, command)
-    sweep.write_table(stem, text, args.name, command, results, args)
+    tables.write_table(stem, text, args.name, command, results, args)
     plot(
-        results, args.grid, sweep.sibling(stem, ".png"), f"{args.name}: perplexity by alpha (star: the pick)"
+        results, args.grid, tables.sibling(stem, ".png"), f"{args.name}: perplexity by alpha (star: the pick)"
     )
 
 

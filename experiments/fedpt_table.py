@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import now, setup_torch
 
-from experiments import sweep
+from experiments import plots, tables
 
 METHODS: dict[str, list[str]] = {
     "fedavg_small": ["algorithm=fedit", "fedpt=null"],
@@ -118,7 +118,7 @@ def total_mb(rows: list[dict[str, Any]]) -> float:
 
 def _fmt(metrics: dict[str, float], key: str, digits: int = 4) -> str:
     """The mean, ± its std where there is one (over sampling seeds, or over training seeds)."""
-    return sweep.plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
+    return tables.plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
 
 
 def test_sets(cfg: Any) -> list[tuple[str, str]]:
@@ -150,7 +150,7 @@ def over_training_seeds(by_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if key == "alpha":
             combined["alpha_by_seed"] = values
         elif len(values) == len(seeds):
-            combined.update(sweep.over_seeds(key, values))
+            combined.update(tables.over_seeds(key, values))
     return combined
 
 
@@ -189,8 +189,8 @@ def tabulate(
         mbs: list[float] = []
         kept: list[str] = []
         for seed, path in seed_runs.items():
-            method_rows = sweep.finished_rows(path)
-            final = sweep.last_evaluated(method_rows)
+            method_rows = tables.finished_rows(path)
+            final = tables.last_evaluated(method_rows)
             if final is None:
                 recorded = earlier_seed(earlier.get(method), str(seed))
                 if recorded is not None:
@@ -225,7 +225,8 @@ def tabulate(
     return results
 
 
-def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
+def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
+    """The table; ``stamp``: the time it was made (None: now)."""
     sets = test_sets(cfg)
     header = ["method", "client model", "client params", "client peak RSS (batch 1)", "total comm."]
     header += [f"Rouge-L {label}" for label, _ in sets] + ["Dist-3", "Dist-4"]
@@ -239,7 +240,7 @@ def markdown(cfg: Any, results: dict[str, Any], command: str) -> str:
     lines = [
         f"# FedPT Table 1 structure: `{cfg.name}`",
         "",
-        f"`{command}` — {now()}",
+        f"`{command}` — {stamp or now()}",
         "",
         f"Rouge-L and Dist-n: {spread}. Test ppl: deterministic perplexity of the method's output model "
         "on the test set's references.",
@@ -314,7 +315,7 @@ def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list
                 by_seed = evaluation.get(f"{prefix}rougeL_by_seed", {})
                 cells += [f"{by_seed[seed]:.4f}" if seed in by_seed else "-" for seed in seeds]
             rows.append(cells)
-    return sweep.markdown_table(header, rows).splitlines()
+    return tables.markdown_table(header, rows).splitlines()
 
 
 def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
@@ -336,14 +337,14 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
             gap = score[b] - score[a]
             noise = math.hypot(std.get(a, 0.0), std.get(b, 0.0))
             if relation == "<":
-                verdict = sweep.verdict([score[a], score[b]])
+                verdict = tables.verdict([score[a], score[b]])
             else:
                 holds = abs(gap) <= max(noise, 0.01) * 2 if relation == "~" else gap >= -noise
                 verdict = "holds" if holds else "does not hold"
             count = ""
             columns = [results[m]["eval"].get(f"{prefix}rougeL_by_seed") for m in (a, b)]
             if relation != "~" and all(columns):
-                held, total = sweep.seeds_holding(columns, strict=relation == "<")  # type: ignore[arg-type]
+                held, total = tables.seeds_holding(columns, strict=relation == "<")  # type: ignore[arg-type]
                 count = f"; in {held} of {total} training seeds"
             parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f}{count})")
         if parts:
@@ -353,8 +354,23 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 
+def stamp_of(recorded: tables.Recorded) -> str | None:
+    """The time the .md beside the results file says it was made (after its command); None for none."""
+    head = f"`{recorded.command}` — "
+    line = next((line for line in recorded.markdown.splitlines() if line.startswith(head)), None)
+    return None if line is None else line.removeprefix(head)
+
+
+def render_table(recorded: tables.Recorded) -> str:
+    return markdown(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
+
+
+def render_study(recorded: tables.Recorded) -> str:
+    return study_text(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, keep_earlier=True)
+    parser = tables.table_parser(__doc__, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--no-memory", action="store_true", help="skip the client memory probes")
     parser.add_argument(
@@ -364,38 +380,38 @@ def main(argv: list[str] | None = None) -> None:
         help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
     )
     parser.add_argument("--client-memory", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = tables.parse_args(parser, argv)
+    if args.render:
+        renderers = {"table-": render_table, "study-small-": render_study}
+        tables.render(args.render, parser, renderers, args.results_dir)
+        return
     if args.client_memory:
         print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
         return
-    cfg = sweep.load_config(args)
+    cfg = tables.load_config(args)
     if args.small_models:
         if args.seeds != [cfg.seed]:
             parser.error(f"--small-models runs the config's seed ({cfg.seed}) only; drop --seeds")
-        small_model_study(args, cfg, sweep.command_line(__file__, argv))
+        small_model_study(args, cfg, tables.command_line(__file__, argv))
         return
     root = args.runs_dir / cfg.name
     runs = {m: {seed: seed_run_dir(root, m, seed, cfg) for seed in args.seeds} for m in args.methods}
-    if not args.table_only:
-        overrides = {
-            run_dir: run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)])
-            for m, seed_runs in runs.items()
-            for seed, run_dir in seed_runs.items()
-        }
-        sweep.run_all(args.config, overrides, jobs=args.jobs, threads=None if args.jobs == 1 else 1)
+    overrides = {
+        run_dir: run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)])
+        for m, seed_runs in runs.items()
+        for seed, run_dir in seed_runs.items()
+    }
+    tables.start(args, overrides, threads=None if args.jobs == 1 else 1)
     memory: dict[str, dict[str, float]] = {}
     if not args.no_memory:
         for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):
             memory[model] = measure_client(model, args.config, args.set)
     stem = args.results_dir / f"table-{cfg.name}"
-    results = tabulate(cfg, runs, memory, sweep.earlier_results(stem) if args.keep_earlier else None)
-    command = sweep.command_line(__file__, argv)
+    results = tabulate(cfg, runs, memory, tables.earlier_results(stem) if args.keep_earlier else None)
+    command = tables.command_line(__file__, argv)
     text = markdown(cfg, results, command)
-    text += sweep.rejected_note(
-        (path for seed_runs in runs.values() for path in seed_runs.values()),
-        earlier=stem if args.keep_earlier else None,
-    )
-    sweep.write_table(stem, text, cfg.name, command, results, args)
+    text += tables.closing_notes({m: seed_runs.values() for m, seed_runs in runs.items()}, stem, args)
+    tables.write_table(stem, text, cfg.name, command, results, args)
 
 
 STUDY_METHODS = ("fedavg_small", "fedpt")
@@ -440,22 +456,32 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
     stays the config's); the large model itself as the small one is FedAvg (large), FedPT's target."""
     layers = {model: layer_count(model) for model in args.small_models}
     roots = {model: study_root(args, cfg, model, layers[model]) for model in args.small_models}
-    if not args.table_only:
-        runs = {
-            roots[model] / method: run_overrides(method, cfg, [*args.set, f"model.name={model}"])
-            for model in args.small_models
-            for method in STUDY_METHODS
-        }
-        sweep.run_all(args.config, runs, threads=None)
+    runs = {
+        roots[model] / method: run_overrides(method, cfg, [*args.set, f"model.name={model}"])
+        for model in args.small_models
+        for method in STUDY_METHODS
+    }
+    tables.start(args, runs, jobs=1, threads=None)
     sets = test_sets(cfg)
     results: dict[str, Any] = {}
     for model, root in roots.items():
         entry: dict[str, Any] = {"layers": layers[model], "held_out_ppl": held_out_perplexity(model)}
         for method in STUDY_METHODS:
-            final = sweep.last_evaluated(sweep.finished_rows(root / method))
+            final = tables.last_evaluated(tables.finished_rows(root / method))
             if final is not None:
                 entry[method] = final["eval"]
         results[model] = entry
+    text = study_text(cfg, results, command)
+    study_runs = (root / method for root in roots.values() for method in STUDY_METHODS)
+    text += tables.rejected_note(study_runs, under=Path(args.runs_dir))
+    stem = args.results_dir / f"study-small-{cfg.name}"
+    tables.write_table(stem, text, cfg.name, command, results, args)
+    plot_small_model_study(cfg, results, sets, tables.sibling(stem, ".png"))
+
+
+def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
+    """The small-model study's table; ``stamp``: the time it was made (None: now)."""
+    sets = test_sets(cfg)
     large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small")
     header = ["client model", "layers", "held-out ppl", "FedAvg (small) test ppl"]
     for label, _ in sets:
@@ -477,11 +503,11 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             cells += [_fmt(small, key), _fmt(fedpt, key), gap]
         cells += [_plain(fedpt, "perplexity"), str(fedpt.get("alpha", "-"))]
         rows.append(cells)
-    text = "\n".join(
+    return "\n".join(
         [
             f"# {cfg.name}: FedPT against the quality of the clients' small model",
             "",
-            f"`{command}` — {now()}",
+            f"`{command}` — {stamp or now()}",
             "",
             f"Large model {cfg.fedpt.large_model}; each row's clients tune the small model named (FedAvg "
             "(small)) and FedPT proxy-tunes the large model with it. The large model as its own small model "
@@ -489,14 +515,9 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
             "`fedtune models derive` (the source's own for the large model). Rouge-L: mean ± std over the "
             "sampling seeds; test ppl: deterministic, on the in-domain test set.",
             "",
-            sweep.markdown_table(header, rows),
+            tables.markdown_table(header, rows),
         ]
     )
-    runs = (root / method for root in roots.values() for method in STUDY_METHODS)
-    text += sweep.rejected_note(runs, under=Path(args.runs_dir))
-    stem = args.results_dir / f"study-small-{cfg.name}"
-    sweep.write_table(stem, text, cfg.name, command, results, args)
-    plot_small_model_study(cfg, results, sets, sweep.sibling(stem, ".png"))
 
 
 def _plain(metrics: dict[str, Any], key: str) -> str:
@@ -508,7 +529,7 @@ def plot_small_model_study(
 ) -> Path:
     """Per test set: Rouge-L of FedAvg (small) and FedPT against the small model's held-out perplexity
     (log axis), FedAvg (large) as a line."""
-    figure, axes, first = sweep.panel_grid(len(sets), 4.4, 3.3)
+    figure, axes, first = plots.panel_grid(len(sets), 4.4, 3.3)
     points = [(entry["held_out_ppl"], entry) for entry in results.values() if entry["held_out_ppl"]]
     points.sort(key=lambda item: item[0])
     large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small", {})
@@ -531,7 +552,7 @@ def plot_small_model_study(
         ax.set_title(label)
     title = f"{cfg.name}: FedPT against the small model's quality"
     xlabel = "small model's held-out perplexity"
-    return sweep.finish_grid(
+    return plots.finish_grid(
         figure, axes, first, xlabel=xlabel, ylabel="Rouge-L", title=title, path=path, log_x=True
     )
 

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import tables
 
 
 def row_overrides(alpha: float) -> list[str]:
@@ -80,17 +80,17 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     use: the teacher's (round rows) and the final evaluation's."""
     out: dict[str, Any] = {"seeds": 0}
     for run_dir in run_dirs:
-        rows = sweep.finished_rows(run_dir)
-        final = sweep.last_evaluated(rows)
+        rows = tables.finished_rows(run_dir)
+        final = tables.last_evaluated(rows)
         if final is None:
             continue
-        seed = sweep.seed_of(run_dir)
+        seed = tables.seed_of(run_dir)
         out["seeds"] += 1
         metrics = final["eval"]
         for key in ("rougeL", "rougeL_std", "dist3", "perplexity", "alpha"):
             if key in metrics:
                 out.setdefault(key, {})[seed] = metrics[key]
-        trained = sweep.trained_rows(rows)
+        trained = tables.trained_rows(rows)
         kd = [r["kd_kl"] for r in trained if "kd_kl" in r]
         if kd:
             out.setdefault("kd_kl", {})[seed] = sum(kd) / len(kd)
@@ -120,7 +120,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], vocab: str, command: 
         rows.append(
             [
                 f"{vocab} (local source)" if name == "local" else name.removeprefix("k"),
-                "-" if rouge is None else sweep.plus_minus(100 * rouge, None if std is None else 100 * std),
+                "-" if rouge is None else tables.plus_minus(100 * rouge, None if std is None else 100 * std),
                 _num(_mean(r, "dist3"), 3),
                 _num(_mean(r, "perplexity")),
                 _num(_mean(r, "kd_kl")),
@@ -147,37 +147,39 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], vocab: str, command: 
             "evaluation's API use is the final evaluation's (decoding re-sends each row's prefix every "
             "step, plus test perplexity).",
             "",
-            sweep.markdown_table(header, rows),
+            tables.markdown_table(header, rows),
         ]
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, jobs=False)
+    parser = tables.table_parser(__doc__, jobs=False)
     parser.add_argument("--ks", nargs="+", type=int, default=[5, 20, 128])
     parser.add_argument("--alpha", type=float, default=1.8, help="alpha of every row (no search)")
     parser.add_argument("--port", type=int, default=8123)
     args = parser.parse_args(argv)
     common = [*row_overrides(args.alpha), *args.set]
     args.set = common
-    cfg = sweep.load_config(args)
+    cfg = tables.load_config(args)
     base = args.runs_dir / f"{cfg.name}-topk"
     large = cfg.fedpt.large_model
     url = f"http://127.0.0.1:{args.port}/v1"
     names = ["local", *(f"k{k}" for k in args.ks)]
-    dirs = {name: sweep.seed_dirs(base, name, args.seeds) for name in names}
+    dirs = {name: tables.seed_dirs(base, name, args.seeds) for name in names}
     if not args.table_only:
         for seed, run_dir in zip(args.seeds, dirs["local"], strict=True):
-            sweep.run(args.config, [*common, f"seed={seed}"], run_dir)
+            tables.run(args.config, [*common, f"seed={seed}"], run_dir)
         with LogitsServer(large, args.port, base / "server.log"):
             for k in args.ks:
                 for seed, run_dir in zip(args.seeds, dirs[f"k{k}"], strict=True):
-                    sweep.run(args.config, [*common, *http_overrides(url, large, k), f"seed={seed}"], run_dir)
+                    tables.run(
+                        args.config, [*common, *http_overrides(url, large, k), f"seed={seed}"], run_dir
+                    )
     results = {name: summarise(paths) for name, paths in dirs.items()}
     vocab = _vocab_size(large)
-    command = sweep.command_line(__file__, argv)
+    command = tables.command_line(__file__, argv)
     stem = args.results_dir / f"topk-{cfg.name}"
-    sweep.write_table(stem, markdown(cfg, results, vocab, command), cfg.name, command, results, args)
+    tables.write_table(stem, markdown(cfg, results, vocab, command), cfg.name, command, results, args)
 
 
 def _vocab_size(model: str) -> str:

@@ -34,7 +34,6 @@ resumes unfinished runs and skips finished ones.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,7 +43,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import tables
+from experiments.perfit_masks import mask_plot, overlap_lines
 
 OWN = ["perfit.start=own", "perfit.alpha=lora"]
 ROWS: dict[str, list[str]] = {
@@ -100,15 +100,10 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     With ``earlier`` (this row's entry in the table's previous results file), a seed asked for whose
     run is not here keeps the value that file recorded for it; ``carried_seeds`` lists those seeds.
     """
-    finals = {}
-    for run_dir in run_dirs:
-        # an unfinished run (still going, or stopped) is not a seed of the table
-        final = sweep.last_evaluated(sweep.finished_rows(run_dir), METRIC)
-        if final is not None:
-            finals[sweep.seed_of(run_dir)] = final
+    finals = tables.finals(run_dirs, METRIC)
     earlier = earlier or {}
-    wanted = [sweep.seed_of(d) for d in run_dirs]
-    carried = sweep.carried_seeds(earlier, METRIC, wanted, finals)
+    wanted = [tables.seed_of(d) for d in run_dirs]
+    carried = tables.carried_seeds(earlier, METRIC, wanted, finals)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
     if not out["seeds"]:
         return out
@@ -116,7 +111,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
         before = earlier.get(f"{key}_by_seed", {})
         values.update({seed: before[seed] for seed in carried if seed in before})
-        out |= sweep.over_seeds(key, values)
+        out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
@@ -127,11 +122,11 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     first_seed = min(finals, key=int)  # as above: the row's facts are those of its smallest seed
     first = finals[first_seed]
     out["by_client"] = {c: m["perplexity"] for c, m in first.get("eval_by_client", {}).items()}
-    done = next(d for d in run_dirs if sweep.seed_of(d) == first_seed)
-    every = sweep.read_rows(done)
-    rows = sweep.trained_rows(every)
-    out["mb_up_per_round"] = sweep.per_round_mb(rows, "bytes_up")
-    out["mb_down_per_round"] = sweep.per_round_mb(rows, "bytes_down")
+    done = next(d for d in run_dirs if tables.seed_of(d) == first_seed)
+    every = tables.read_rows(done)
+    rows = tables.trained_rows(every)
+    out["mb_up_per_round"] = tables.per_round_mb(rows, "bytes_up")
+    out["mb_down_per_round"] = tables.per_round_mb(rows, "bytes_down")
     start = [r for r in every if r["round"] == 0 and METRIC in r.get("eval", {})]
     if start:
         out["before"] = start[0]["eval"][METRIC]
@@ -182,7 +177,7 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
             "seed; a client never sampled is scored on G at its mask, or on the base model under own "
             "starts):",
             "",
-            sweep.markdown_table(["rounds sampled", "clients", "base", *labels], table),
+            tables.markdown_table(["rounds sampled", "clients", "base", *labels], table),
         ]
     return lines
 
@@ -190,7 +185,7 @@ def by_sampling(results: dict[str, dict[str, Any]], partitions: list[str]) -> li
 def _cell(result: dict[str, Any], key: str, scale: float = 1.0) -> str:
     by_seed = result.get(f"{key}_by_seed", {})
     note = f" ({len(by_seed)} of {result['seeds']} seeds)" if 0 < len(by_seed) < result["seeds"] else ""
-    return sweep.cell(by_seed, 2, scale) + note
+    return tables.cell(by_seed, 2, scale) + note
 
 
 def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[str]:
@@ -201,11 +196,12 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
             other = results.get(f"{row}-{part}", {})
             if row == "fit" or METRIC not in fit or METRIC not in other:
                 continue
-            wins, seeds = sweep.seeds_holding([other[f"{METRIC}_by_seed"], fit[f"{METRIC}_by_seed"]])
-            verdict = sweep.verdict([other[METRIC], fit[METRIC]])
+            claim = tables.check(
+                [other[f"{METRIC}_by_seed"], fit[f"{METRIC}_by_seed"]], means=[other[METRIC], fit[METRIC]]
+            )
             lines.append(
-                f"- {part}, {LABELS[row]} < FIT: {verdict} on the mean "
-                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {wins} of {seeds} seeds"
+                f"- {part}, {LABELS[row]} < FIT: {claim.verdict} on the mean "
+                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {claim.holding} of {claim.seeds} seeds"
             )
     return lines
 
@@ -249,7 +245,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             f"`{command}`",
             "",
-            sweep.markdown_table(headers, rows),
+            tables.markdown_table(headers, rows),
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),
@@ -269,167 +265,49 @@ def _carried_note(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def mask_plot(run_dir: Path, path: Path) -> dict[str, Any]:
-    """Kept share per layer and module, and the overlap (Jaccard) of the clients' masks."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from fedtune.fl.aggregate import unpack_mask
-    from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
-
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return {}
-    masks = load_checkpoint(checkpoint)["algorithm"]["masks"]
-    clients = sorted(masks)
-    shapes = _shapes(run_dir)
-    flat = {c: {k: unpack_mask(v, shapes[k]) for k, v in masks[c].items()} for c in clients}
-    keys = list(shapes)
-    modules = sorted({_module(k)[1] for k in keys})
-    layers = sorted({_module(k)[0] for k in keys})
-    share = np.zeros((len(modules), len(layers)))
-    for key in keys:
-        layer, module = _module(key)
-        kept = np.mean([flat[c][key].mean() for c in clients])
-        share[modules.index(module), layers.index(layer)] += kept / 2  # A and B of one module
-    vectors = {c: np.concatenate([flat[c][k].ravel() for k in keys]) for c in clients}
-    overlap = np.array(
-        [
-            [(vectors[a] & vectors[b]).sum() / max(1, (vectors[a] | vectors[b]).sum()) for b in clients]
-            for a in clients
-        ]
-    )
-    stats = json.loads((run_dir / "data_stats.json").read_text())["counts"]
-    categories = {c: {k for k, n in stats.get(c, {}).items() if n} for c in clients}
-    by_shared = overlap_by_shared(overlap, clients, categories)
-    order = sorted(range(len(clients)), key=lambda i: (sorted(categories[clients[i]]), clients[i]))
-    clients = [clients[i] for i in order]  # clients with the same categories side by side
-    overlap = overlap[np.ix_(order, order)]
-    labels = [f"{c}: {'/'.join(sorted(categories[c]))[:28]}" for c in clients]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1.4, 1]})
-    image = left.imshow(share, aspect="auto", cmap="viridis", vmin=0, vmax=1)
-    left.set_yticks(range(len(modules)), modules)
-    left.set_xticks(range(len(layers)), [str(i) for i in layers], fontsize=7)
-    left.set_xlabel("layer")
-    left.set_title("kept share of the expanded LoRA entries (mean over clients)")
-    figure.colorbar(image, ax=left)
-    shown = overlap.copy()
-    np.fill_diagonal(shown, np.nan)  # 1 by definition; it would squash the colour scale
-    others = shown[~np.isnan(shown)]
-    low, high = (float(others.min()), float(others.max())) if others.size else (0.0, 1.0)
-    image = right.imshow(shown, cmap="magma", vmin=low, vmax=max(high, low + 1e-6))
-    if len(clients) <= 30:
-        right.set_xticks(range(len(clients)), clients, rotation=90, fontsize=7)
-        right.set_yticks(range(len(clients)), labels, fontsize=7)
-    else:  # too many to name: ordered by categories, so blocks are clients of the same two
-        right.set_xlabel(f"{len(clients)} clients, ordered by their categories")
-    shared = sorted(by_shared, reverse=True)
-    means = " / ".join(f"{by_shared[k]['mean']:.2f}" for k in shared)
-    right.set_title(
-        "mask overlap between clients (Jaccard)\n"
-        f"mean for pairs sharing {' / '.join(map(str, shared))} categories: {means}",
-        fontsize=9,
-    )
-    figure.colorbar(image, ax=right)
-    figure.tight_layout()
-    sweep.save_figure(figure, path, dpi=110)
-    plt.close(figure)
-    return {
-        "share": share.tolist(),
-        "modules": modules,
-        "layers": layers,
-        "overlap": overlap.tolist(),
-        "clients": clients,
-        "by_shared": {str(k): v for k, v in by_shared.items()},
-    }
-
-
-def overlap_by_shared(
-    overlap: np.ndarray, clients: list[str], categories: dict[str, set[str]]
-) -> dict[int, dict[str, float]]:
-    """Number of data categories two clients share -> pairs and mean overlap of their masks over
-    every pair of distinct clients: do clients with similar data search similar masks?"""
-    groups: dict[int, list[float]] = {}
-    for i, a in enumerate(clients):
-        for j in range(i + 1, len(clients)):
-            shared = len(categories[a] & categories[clients[j]])
-            groups.setdefault(shared, []).append(float(overlap[i, j]))
-    return {
-        k: {"pairs": len(v), "mean": float(np.mean(v)), "std": float(np.std(v))} for k, v in groups.items()
-    }
-
-
-def overlap_lines(masks: dict[str, Any]) -> list[str]:
-    by_shared = masks.get("by_shared") or {}
-    if not by_shared:
-        return []
-    cells = [
-        f"{k} shared: {v['mean']:.3f} ± {v['std']:.3f} ({v['pairs']} pairs)"
-        for k, v in sorted(by_shared.items(), key=lambda kv: -int(kv[0]))
-    ]
-    return [
-        "",
-        f"Mask overlap (Jaccard) between the {len(masks['clients'])} searched clients of one PerFIT run, "
-        "by the number of data categories two clients share: " + "; ".join(cells) + ".",
-    ]
-
-
-def _module(key: str) -> tuple[int, str]:
-    parts = key.split(".")
-    layer = int(parts[parts.index("layers") + 1])
-    return layer, parts[parts.index("layers") + 3]
-
-
-def _shapes(run_dir: Path) -> dict[str, tuple[int, ...]]:
-    from fedtune.algorithms.perfit import PerFIT
-    from fedtune.config import load_run_config
-    from fedtune.resources import Resources
-
-    cfg = load_run_config(run_dir)
-    return PerFIT(cfg).module_shapes(Resources(cfg))
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = sweep.table_parser(__doc__, keep_earlier=True)
+    parser = tables.table_parser(__doc__, keep_earlier=True)
     parser.add_argument(
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
-    args = parser.parse_args(argv)
-    cfg = sweep.load_config(args)
+    args = tables.parse_args(parser, argv)
+    if args.render:
+        tables.render(args.render, parser, {"table-": render_table}, args.results_dir)
+        return
+    cfg = tables.load_config(args)
     base = args.runs_dir / cfg.name
-    command = sweep.command_line(__file__, argv)
-    keys = [(row, part) for part in args.partitions for row in args.rows]
-    dirs = {f"{row}-{part}": sweep.seed_dirs(base, f"{row}-{part}", args.seeds) for row, part in keys}
-    if not args.table_only:
-        runs = {
-            run_dir: [*args.set, *ROWS[row], *PARTITIONS[part], f"seed={seed}"]  # a row's keys win
-            for row, part in keys
-            for seed, run_dir in zip(args.seeds, dirs[f"{row}-{part}"], strict=True)
-        }
-        sweep.run_all(args.config, runs, jobs=args.jobs)
+    command = tables.command_line(__file__, argv)
+    rows = {f"{row}-{part}": [*ROWS[row], *PARTITIONS[part]] for part in args.partitions for row in args.rows}
+    runs = tables.plan(base, rows, args.seeds, args.set)
+    tables.start(args, runs.runs)
     stem = args.results_dir / f"table-{cfg.name}"
-    earlier = sweep.earlier_results(stem) if args.keep_earlier else {}
-    results = {key: summarise(paths, earlier.get(key)) for key, paths in dirs.items()}
-    perfit_runs = [p for key, paths in dirs.items() if key.startswith("perfit_s0.5") for p in paths]
-    finished = [p for p in perfit_runs if sweep.finished_rows(p)]
+    earlier = tables.earlier_results(stem) if args.keep_earlier else {}
+    results = {key: summarise(paths, earlier.get(key)) for key, paths in runs.dirs.items()}
+    perfit_runs = [p for key, paths in runs.dirs.items() if key.startswith("perfit_s0.5") for p in paths]
+    finished = [p for p in perfit_runs if tables.finished_rows(p)]
     if finished:  # a run still going may hold no masks yet
-        results["masks"] = mask_plot(finished[0], sweep.sibling(stem, "-masks.png"))
+        results["masks"] = mask_plot(finished[0], tables.sibling(stem, "-masks.png"))
     elif "masks" in earlier:  # the plot on disk is still that of the earlier run
         results["masks"] = earlier["masks"]
+    text = table_text(cfg, results, args.partitions, command) + tables.closing_notes(runs.dirs, stem, args)
+    tables.write_table(stem, text, cfg.name, command, results, args)
+
+
+def table_text(cfg: Any, results: dict[str, Any], partitions: list[str], command: str) -> str:
+    """The table's markdown from its results (the rows, and the masks' study under ``masks``)."""
     rows = {key: result for key, result in results.items() if key != "masks"}
-    text = "\n".join(
+    return "\n".join(
         [
-            markdown(cfg, rows, args.partitions, command),
-            *by_sampling(rows, args.partitions),
+            markdown(cfg, rows, partitions, command),
+            *by_sampling(rows, partitions),
             *overlap_lines(results.get("masks", {})),
         ]
-    ) + sweep.rejected_note(
-        (path for paths in dirs.values() for path in paths), earlier=stem if args.keep_earlier else None
     )
-    sweep.write_table(stem, text, cfg.name, command, results, args)
+
+
+def render_table(recorded: tables.Recorded) -> str:
+    return table_text(recorded.cfg, recorded.results, recorded.args.partitions, recorded.command)
 
 
 if __name__ == "__main__":

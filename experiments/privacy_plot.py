@@ -14,14 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import sweep
+from experiments import plots, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def point(run_dir: Path) -> dict[str, float | None]:
     """The run's final ε (None without DP), its perplexity before training and at its last evaluation."""
-    rows = sweep.finished_rows(run_dir)
+    rows = tables.finished_rows(run_dir)
     if not rows:
         raise SystemExit(f"{run_dir}: no finished rounds in metrics.jsonl")
     evaluated = [row for row in rows if "perplexity" in row.get("eval", {})]
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     axis.set_title("FedIT, SmolLM2-135M, 100 clients, q = 0.1")
     axis.legend(fontsize=8)
     figure.tight_layout()
-    sweep.save_figure(figure, args.out.with_suffix(".png"))
+    plots.save_figure(figure, args.out.with_suffix(".png"))
     args.out.with_suffix(".json").write_text(json.dumps(points, indent=1) + "\n")
     for run, p in points.items():
         print(f"{run}: epsilon {p['epsilon']}, perplexity {p['before']:.2f} -> {p['after']:.2f}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from experiments import fedbiot_table
+from experiments import fedbiot_table, fedbiot_trajectory
 
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
@@ -106,7 +106,7 @@ def test_trajectory_best_round_breaks_a_metric_tie_by_perplexity(tmp_path: Path)
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
-    curve = fedbiot_table.trajectory_summary([run], "exact_match")
+    curve = fedbiot_trajectory.trajectory_summary([run], "exact_match")
 
     assert list(curve["rounds"]) == ["0", "10", "20"] and curve["best_round"] == {"0": 10}
 

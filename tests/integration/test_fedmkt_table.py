@@ -182,7 +182,7 @@ def test_rounds_file_gives_every_round_of_the_fedmkt_run_with_the_samples_select
     runs_dir, results_dir = tmp_path / "runs", tmp_path / "results"
     jobs = fedmkt_table.planned(cfg, ["instruct"], ["hetero2"], [0], extra)
     run_dir = runs_dir / cfg.name / "instruct-hetero2-fedmkt-s0"
-    fedmkt_table.sweep.run(config, jobs[run_dir.name], run_dir)
+    fedmkt_table.tables.run(config, jobs[run_dir.name], run_dir)
     argv = [str(config), "--runs-dir", str(runs_dir), "--results-dir", str(results_dir), "--table-only"]
     fedmkt_table.main(
         [*argv, "--settings", "hetero2", "--datasets", "instruct", *(f"--set={o}" for o in extra)]

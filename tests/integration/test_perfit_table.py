@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from experiments import perfit_table
+from experiments import perfit_masks, perfit_table
 
 from tests.integration.helpers import ROOT
 
@@ -117,11 +117,11 @@ def test_mask_overlap_is_grouped_by_the_categories_two_clients_share() -> None:
         [[1.0, 0.8, 0.4, 0.2], [0.8, 1.0, 0.6, 0.3], [0.4, 0.6, 1.0, 0.5], [0.2, 0.3, 0.5, 1.0]]
     )
     categories = {"a": {"x", "y"}, "b": {"x", "y"}, "c": {"x", "z"}, "d": {"w", "v"}}
-    groups = perfit_table.overlap_by_shared(overlap, ["a", "b", "c", "d"], categories)
+    groups = perfit_masks.overlap_by_shared(overlap, ["a", "b", "c", "d"], categories)
     assert {k: g["pairs"] for k, g in groups.items()} == {2: 1, 1: 2, 0: 3}
     assert groups[2]["mean"] == 0.8 and groups[1]["mean"] == 0.5
     assert abs(groups[0]["mean"] - (0.2 + 0.3 + 0.5) / 3) < 1e-12
-    lines = perfit_table.overlap_lines({"clients": ["a", "b", "c", "d"], "by_shared": groups})
+    lines = perfit_masks.overlap_lines({"clients": ["a", "b", "c", "d"], "by_shared": groups})
     assert lines[1].endswith("2 shared: 0.800 ± 0.000 (1 pairs); 1 shared: 0.500 ± 0.100 (2 pairs); "
                              "0 shared: 0.333 ± 0.125 (3 pairs).")  # fmt: skip
 

@@ -1,23 +1,28 @@
-"""What every paper-table script shares: run a config with overrides into a run directory, read what
-the finished runs wrote, aggregate over seeds, format the cells, check the paper's orderings, plot and
-write the table. A table script keeps only its rows (name -> config overrides) and its layout.
+"""The table machine every paper-table script stands on: a script holds its rows (name -> config
+overrides), what it reads off a finished run, its claims (the paper's orderings) and its table's layout;
+this module does the rest.
 
-- Runs: ``python -m fedtune run <config> <overrides> -o <run dir>`` in a subprocess of its own (a crash
-  or an out-of-memory kill loses one run), its output appended to ``<run dir>.log``; a run with
-  checkpoints is resumed, a finished one is skipped. ``--jobs`` runs at once, one thread each.
-- Run directories: ``--runs-dir/<config name>/<row ...>-s<seed>``, the seed after the last ``-s``.
-- A run counts once it has finished: its last metrics row is the config's last round. Metrics are read
-  through ``fedtune.report.io.read_metrics`` (a round re-run after a resume counts once).
-- Over seeds: a value ``key`` of a row is ``key`` (the mean), ``key_std`` (the population std) and
-  ``key_by_seed``; a cell is ``mean ± std`` (the mean alone for one seed, ``-`` for none).
-- Orderings compare means rounded to 12 decimals, so that means of the same fractions summed in
-  another order compare equal: "holds", "does not hold", or "tie" where every mean is the same (a tie
-  is never "holds").
-- Tables: ``<results dir>/table-<config name>.{md,json}`` (``write_table``), plots beside. A write that
-  would drop a value the previous ``.json`` has (its run not here, and no ``--keep-earlier``) is refused
-  unless ``--overwrite`` says so.
-- A table names every reply its runs' servers rejected (``rejected_note``): such a row is not the
-  method's plain average.
+- Rows and seeds (`plan`): a row's run for seed ``s`` is ``--runs-dir/<config name>/<row>-s<s>``, its
+  overrides ``--set`` first, then the row's own (which win), then ``seed=<s>``; the seed is the name's
+  part after the last ``-s``.
+- Running (`start`, `run`): ``python -m fedtune run <config> <overrides> -o <run dir>`` in a subprocess of
+  its own (a crash or an out-of-memory kill loses one run), its output appended to ``<run dir>.log``; a
+  run with checkpoints is resumed, a finished one is skipped. ``--jobs`` runs at once, one thread each.
+- Reading: a run counts once it has finished (its last metrics row is the config's last round). Metrics
+  are read through ``fedtune.report.io.read_metrics`` (a round re-run after a resume counts once).
+- Over seeds (`finals`, `seed_values`, `over_seeds`): a value ``key`` of a row is ``key`` (the mean),
+  ``key_std`` (the population std) and ``key_by_seed``; a cell is ``mean ± std`` (the mean alone for one
+  seed, ``-`` for none).
+- Claims (`check`, `verdict`): orderings compare means rounded to 12 decimals, so that means of the same
+  fractions summed in another order compare equal: "holds", "does not hold", or "tie" where every mean is
+  the same (a tie is never "holds"); and in how many of the seeds every row has they hold.
+- Keeping earlier results: ``--keep-earlier`` takes what has no run here from the table's previous
+  ``.json`` (a row whole, `keep_earlier_rows`, or seed by seed, `keep_earlier_seeds`); a write that would
+  drop a value the previous ``.json`` has is refused unless ``--overwrite`` says so (`write_table`).
+- Notes (`closing_notes`): a table names what it kept and every reply its runs' servers rejected (such a
+  row is not the method's plain average).
+- Rendering (`render`): ``--render RESULTS_JSON`` rewrites a table's ``.md`` from its ``.json`` alone.
+- Plots: `experiments.plots`.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import argparse
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,33 +49,50 @@ from bench.common import write_table as write_files
 
 __all__ = [
     "RESULTS_DIR",
+    "Plan",
+    "Recorded",
+    "Renderer",
+    "Verdict",
     "carried_seeds",
     "cell",
+    "check",
+    "closing_notes",
     "command_line",
     "common_seeds",
+    "dropped_values",
+    "earlier_rejections",
     "earlier_results",
+    "finals",
     "finished_rows",
+    "keep_earlier_rows",
+    "keep_earlier_seeds",
+    "kept_rows_note",
+    "kept_seeds_note",
     "last_evaluated",
     "load_config",
     "markdown_table",
     "mean_std",
+    "on_common_seeds",
     "over_seeds",
-    "panel_grid",
+    "parse_args",
     "per_round_mb",
+    "plan",
     "plus_minus",
     "read_rows",
     "rejected_note",
     "rejected_replies",
+    "render",
     "rises",
     "run",
     "run_all",
-    "save_figure",
+    "run_notes",
     "seed_dirs",
-    "seed_markers",
     "seed_of",
+    "seed_values",
     "seeds_holding",
     "seeds_text",
     "sibling",
+    "start",
     "table_parser",
     "trained_rows",
     "verdict",
@@ -88,9 +112,16 @@ def table_parser(
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("config", type=Path)
+    parser.add_argument("config", type=Path, nargs="?")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/paper"))
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="rewrite the .md of this results file from its numbers alone, into --results-dir: nothing is "
+        "run or read but the .json (its command gives the options) and the .md beside it (its notes)",
+    )
     if seeds:
         parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     if jobs:
@@ -112,6 +143,14 @@ def table_parser(
             "names what it kept",
         )
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s options; CONFIG is required but with ``--render`` (the results file names it)."""
+    args = parser.parse_args(argv)
+    if args.config is None and args.render is None:
+        parser.error("the following arguments are required: config")
+    return args
 
 
 def load_config(args: argparse.Namespace) -> Any:
@@ -153,6 +192,51 @@ def run_all(
         futures = [pool.submit(run, config, o, d, threads=threads) for d, o in runs.items()]
         for future in futures:
             future.result()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A table's runs: ``dirs``, row -> its run directories (one per seed, in the seeds' order), and
+    ``runs``, run directory -> its overrides, in the order they start."""
+
+    dirs: dict[str, list[Path]]
+    runs: dict[Path, list[str]]
+
+
+def plan(
+    base: Path,
+    rows: Mapping[str, Sequence[str]],
+    seeds: Sequence[int],
+    extra: Sequence[str] = (),
+    *,
+    stems: Mapping[str, str] | None = None,
+    seed_major: bool = False,
+) -> Plan:
+    """The runs of ``rows`` (row -> its overrides) for each of ``seeds``: ``base/<stem>-s<seed>`` with
+    ``[*extra, *overrides, "seed=<seed>"]`` (``extra``, ``--set``, first: what defines a row wins over
+    it). A row's stem is its name unless ``stems`` gives another (a run shared with another table).
+    ``seed_major``: every row of a seed starts before the next seed (else every seed of a row)."""
+    named = stems or {}
+    dirs = {row: seed_dirs(base, named.get(row, row), seeds) for row in rows}
+    pairs = [(row, index) for row in rows for index in range(len(seeds))]
+    if seed_major:
+        pairs.sort(key=lambda pair: pair[1])  # stable: the rows keep their order within a seed
+    runs = {dirs[row][i]: [*extra, *rows[row], f"seed={seeds[i]}"] for row, i in pairs}
+    return Plan(dirs, runs)
+
+
+def start(
+    args: argparse.Namespace,
+    runs: Mapping[Path, Sequence[str]],
+    *,
+    jobs: int | None = None,
+    threads: int | None = 1,
+) -> None:
+    """`run_all` of ``runs`` on ``args.config``, ``jobs`` (default ``--jobs``, else 1) at a time; nothing
+    with ``--table-only``."""
+    if not args.table_only:
+        at_once = jobs if jobs is not None else int(getattr(args, "jobs", 1))
+        run_all(args.config, runs, jobs=at_once, threads=threads)
 
 
 def seed_dirs(base: Path, key: str, seeds: Iterable[int]) -> list[Path]:
@@ -318,6 +402,24 @@ def over_seeds(key: str, by_seed: Mapping[str, float]) -> dict[str, Any]:
     return {key: mean, f"{key}_std": std, f"{key}_by_seed": ordered}
 
 
+def finals(run_dirs: Iterable[Path], metric: str | None = None) -> dict[str, Row]:
+    """Seed -> the last row after training began that evaluated ``metric`` (any evaluation: None), of
+    each run of ``run_dirs`` that finished; an unfinished run (still going, or stopped) is no seed."""
+    found = {seed_of(d): last_evaluated(finished_rows(d), metric) for d in run_dirs}
+    return {seed: row for seed, row in found.items() if row is not None}
+
+
+def seed_values(
+    evaluations: Mapping[str, Mapping[str, Any]], keys: Iterable[str], scale: float = 1.0
+) -> dict[str, Any]:
+    """`over_seeds` of each of ``keys`` over ``evaluations`` (seed -> evaluation), times ``scale``; a
+    seed whose evaluation lacks a key does not count for it, a key no seed has is left out."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        out |= over_seeds(key, {seed: scale * e[key] for seed, e in evaluations.items() if key in e})
+    return out
+
+
 def plus_minus(mean: float, std: float | None = None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
@@ -452,87 +554,114 @@ def seeds_holding(columns: Sequence[Mapping[str, float]], strict: bool = True) -
     return sum(rises([column[seed] for column in columns], strict) for seed in seeds), len(seeds)
 
 
-# ---------------------------------------------------------------- plots
-def panel_grid(
-    count: int, width: float, height: float, margin: float = 0.6
-) -> tuple[Any, list[Any], list[Any]]:
-    """A figure of ``count`` panels of ``width`` x ``height`` inches, three at most a line (``margin``:
-    inches for the title and legend): the figure, its panels in order, the first panel of each line."""
-    from matplotlib.figure import Figure
+@dataclass(frozen=True)
+class Verdict:
+    """A claim that values rise from the first column to the last, checked: ``verdict`` on the means
+    ("holds", "does not hold" or "tie"), and in how many of the ``seeds`` every column has it holds."""
 
-    cols = min(3, count)
-    lines = -(-count // cols)
-    figure = Figure(figsize=(1.0 + width * cols, margin + height * lines), layout="constrained")
-    grid = figure.subplots(lines, cols, squeeze=False)
-    axes = [ax for line in grid for ax in line]
-    for spare in axes[count:]:
-        spare.set_visible(False)
-    return figure, axes[:count], [line[0] for line in grid]
+    means: tuple[float, ...]
+    verdict: str
+    holding: int
+    seeds: int
 
 
-def seed_markers(
-    ax: Any, xs: Sequence[float], columns: Sequence[Iterable[float]], *, colour: str, marker: str, label: str
-) -> None:
-    """At each x, the mean ± std of its values as a marker with whiskers and each value (seed) as a faint
-    dot beside it: differences of a few points, which bars would hide. An x without values is left out."""
-    shown = [(x, list(values)) for x, values in zip(xs, columns, strict=True)]
-    shown = [(x, values) for x, values in shown if values]
-    stats = [mean_std(values) for _, values in shown]
-    ax.errorbar(
-        [x for x, _ in shown],
-        [mean for mean, _ in stats],
-        yerr=[std for _, std in stats],
-        fmt=marker,
-        color=colour,
-        capsize=4,
-        markersize=7,
-        label=label,
-    )
-    dots = [(x + 0.05, value) for x, values in shown for value in values]
-    if dots:
-        ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
+def on_common_seeds(columns: Sequence[Mapping[str, float]]) -> tuple[list[dict[str, float]], str]:
+    """``columns`` (seed -> value each) cut to the seeds they all have, and a note naming those seeds when
+    a column had others (the rows' runs were made at different times): rows are compared seed by seed."""
+    both = common_seeds(columns)
+    cut = [{seed: values[seed] for seed in both} for values in columns]
+    if not both or all(len(values) == len(both) for values in columns):
+        return cut, ""
+    which = f"seed {both[0]}" if len(both) == 1 else f"seeds {', '.join(both)}"
+    return cut, f" (on {which}, which every row compared has)"
 
 
-def finish_grid(
-    figure: Any,
-    axes: Sequence[Any],
-    first: Sequence[Any],
+def check(
+    columns: Sequence[Mapping[str, float]], means: Sequence[float] | None = None, strict: bool = True
+) -> Verdict:
+    """Whether ``columns`` (seed -> value each, from the row claimed lowest to the highest) rise: on
+    ``means`` (default: each column's mean over its seeds) and seed by seed (`seeds_holding`)."""
+    shown = tuple(means) if means is not None else tuple(mean_std(c.values())[0] for c in columns)
+    holding, seeds = seeds_holding(columns, strict)
+    return Verdict(shown, verdict(shown, strict), holding, seeds)
+
+
+# ---------------------------------------------------------------- notes closing a table
+def closing_notes(
+    dirs: Mapping[Any, Iterable[Path]],
+    stem: Path,
+    args: argparse.Namespace,
     *,
-    xlabel: str,
-    ylabel: str,
-    title: str,
-    path: Path,
-    log_x: bool = False,
-) -> Path:
-    """Finish a `panel_grid` of curves (against a log x axis with ``log_x``): axis labels, grid, one
-    legend under the panels (from the first), the title; save to ``path``."""
-    for ax in axes:
-        if log_x:
-            ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.grid(True, alpha=0.3)
-    for ax in first:
-        ax.set_ylabel(ylabel)
-    handles, labels = axes[0].get_legend_handles_labels()
-    ncols = max(1, len(labels) if len(axes) > 1 else min(2, len(labels)))  # one panel: two a line, to fit
-    figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
-    suptitle(figure, title)
-    return save_figure(figure, path)
+    kept_rows: list[str] | None = None,
+    kept_seeds: Mapping[str, list[str]] | None = None,
+) -> str:
+    """What closes a table's .md: the rows and seeds ``--keep-earlier`` kept (`kept_rows_note`,
+    `kept_seeds_note`, each under the name given) and the replies the servers of the runs of ``dirs``
+    (row -> run directories) rejected, those of runs not here from the previous ``<stem>.md`` with
+    ``--keep-earlier``."""
+    keep = getattr(args, "keep_earlier", False)
+    runs = (run_dir for row_dirs in dirs.values() for run_dir in row_dirs)
+    rejected = rejected_note(runs, earlier=stem if keep else None)
+    return kept_rows_note(kept_rows or []) + kept_seeds_note(kept_seeds or {}) + rejected
 
 
-def suptitle(figure: Any, text: str, fontsize: float | None = 10) -> None:
-    """Title ``figure`` with ``text``, widening the figure where the title is wider than it (one narrow
-    panel under a long title), so the title is never cut at the edges. ``fontsize`` None: matplotlib's."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    title = figure.suptitle(text) if fontsize is None else figure.suptitle(text, fontsize=fontsize)
-    renderer = FigureCanvasAgg(figure).get_renderer()
-    needed = title.get_window_extent(renderer=renderer).width / figure.dpi + 0.3  # inches, with a margin
-    if needed > figure.get_figwidth():
-        figure.set_figwidth(needed)
+# ---------------------------------------------------------------- rendering from a results file
+# What a table's .md holds that its .json does not: notes on the runs found (kept from an earlier file,
+# rejected replies). They close the .md; --render keeps them as the .md beside the .json has them.
+RUN_NOTES = (
+    "\n\nKept from the previous results file",
+    "\n\nSeeds kept from the previous results file (their runs not here",
+    "\n\n" + REJECTED_HEAD,
+)
 
 
-def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi)
-    return path
+@dataclass(frozen=True)
+class Recorded:
+    """A table as its results file recorded it: the options of its command, the config they load, its
+    numbers, the command, and the .md written beside it ("" for none)."""
+
+    args: argparse.Namespace
+    cfg: Any
+    results: Any
+    command: str
+    markdown: str
+
+
+Renderer = Callable[[Recorded], str]
+
+
+def run_notes(markdown: str) -> str:
+    """The notes that close a table's .md (from the first of `RUN_NOTES` on); "" for none."""
+    found = [markdown.find(head) for head in RUN_NOTES if head in markdown]
+    return markdown[min(found) :] if found else ""
+
+
+def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, Renderer], out: Path) -> Path:
+    """``--render``: rewrite the .md of the results file ``path`` into the directory ``out``, from the
+    file's numbers alone. Its recorded command gives the options (parsed by ``parser``); the renderer is
+    the one of ``renderers`` (file name prefix -> renderer) whose prefix is the longest that the file's
+    name starts with. Nothing is run and no run directory is read; the notes on runs that close the .md
+    beside it are kept as they are (`run_notes`)."""
+    prefixes = [prefix for prefix in renderers if path.name.startswith(prefix)]
+    if not prefixes:
+        raise SystemExit(f"{path}: no table of this script is named so (one of {', '.join(renderers)}*)")
+    record = json.loads(path.read_text())
+    command = str(record["command"])
+    try:
+        args = parser.parse_args(shlex.split(command)[2:])  # after "python <script>"
+    except SystemExit as error:
+        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+    if args.config is not None and not args.config.is_absolute():  # as given in the checkout's root
+        args.config = RESULTS_DIR.parents[1] / args.config
+    before = path.with_suffix(".md")
+    markdown = before.read_text() if before.is_file() else ""
+    recorded = Recorded(args, load_config(args), record["results"], command, markdown)
+    try:
+        text = renderers[max(prefixes, key=len)](recorded) + run_notes(markdown)
+    except (KeyError, TypeError, ValueError) as error:
+        why = f"{type(error).__name__}: {error}"
+        raise SystemExit(f"{path}: these results lack what the table shows today ({why})") from error
+    target = out / before.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text if text.endswith("\n") else text + "\n")
+    return target

@@ -1,0 +1,95 @@
+"""The plots of the paper tables: a grid of panels, each row's seeds as a marker with whiskers and faint
+dots (differences of a few points, which bars would hide), a title that is never cut, the figure saved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.tables import mean_std
+
+
+def panel_grid(
+    count: int, width: float, height: float, margin: float = 0.6
+) -> tuple[Any, list[Any], list[Any]]:
+    """A figure of ``count`` panels of ``width`` x ``height`` inches, three at most a line (``margin``:
+    inches for the title and legend): the figure, its panels in order, the first panel of each line."""
+    from matplotlib.figure import Figure
+
+    cols = min(3, count)
+    lines = -(-count // cols)
+    figure = Figure(figsize=(1.0 + width * cols, margin + height * lines), layout="constrained")
+    grid = figure.subplots(lines, cols, squeeze=False)
+    axes = [ax for line in grid for ax in line]
+    for spare in axes[count:]:
+        spare.set_visible(False)
+    return figure, axes[:count], [line[0] for line in grid]
+
+
+def seed_markers(
+    ax: Any, xs: Sequence[float], columns: Sequence[Iterable[float]], *, colour: str, marker: str, label: str
+) -> None:
+    """At each x, the mean ± std of its values as a marker with whiskers and each value (seed) as a faint
+    dot beside it: differences of a few points, which bars would hide. An x without values is left out."""
+    shown = [(x, list(values)) for x, values in zip(xs, columns, strict=True)]
+    shown = [(x, values) for x, values in shown if values]
+    stats = [mean_std(values) for _, values in shown]
+    ax.errorbar(
+        [x for x, _ in shown],
+        [mean for mean, _ in stats],
+        yerr=[std for _, std in stats],
+        fmt=marker,
+        color=colour,
+        capsize=4,
+        markersize=7,
+        label=label,
+    )
+    dots = [(x + 0.05, value) for x, values in shown for value in values]
+    if dots:
+        ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.45, zorder=3)
+
+
+def finish_grid(
+    figure: Any,
+    axes: Sequence[Any],
+    first: Sequence[Any],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    log_x: bool = False,
+) -> Path:
+    """Finish a `panel_grid` of curves (against a log x axis with ``log_x``): axis labels, grid, one
+    legend under the panels (from the first), the title; save to ``path``."""
+    for ax in axes:
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    for ax in first:
+        ax.set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    ncols = max(1, len(labels) if len(axes) > 1 else min(2, len(labels)))  # one panel: two a line, to fit
+    figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
+    suptitle(figure, title)
+    return save_figure(figure, path)
+
+
+def suptitle(figure: Any, text: str, fontsize: float | None = 10) -> None:
+    """Title ``figure`` with ``text``, widening the figure where the title is wider than it (one narrow
+    panel under a long title), so the title is never cut at the edges. ``fontsize`` None: matplotlib's."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    title = figure.suptitle(text) if fontsize is None else figure.suptitle(text, fontsize=fontsize)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    needed = title.get_window_extent(renderer=renderer).width / figure.dpi + 0.3  # inches, with a margin
+    if needed > figure.get_figwidth():
+        figure.set_figwidth(needed)
+
+
+def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
+    return path

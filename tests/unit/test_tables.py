@@ -1,0 +1,158 @@
+"""experiments/tables.py, the table machine: rows and seeds, aggregation over seeds, claims and their
+verdicts, the notes that close a table, and re-rendering a table's markdown from its results file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from experiments import tables
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+
+
+def _run(path: Path, rows: list[dict[str, object]], rounds: int = 1) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"fed:\n  rounds: {rounds}\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_a_plan_names_each_run_by_row_and_seed_and_a_rows_keys_win_over_set(tmp_path: Path) -> None:
+    # Prepare: two rows, two seeds, a --set
+    rows = {"fit-iid": ["algorithm=fedit"], "perfit-iid": ["perfit.sparsity=0.5"]}
+    # Execute
+    by_row = tables.plan(tmp_path, rows, [0, 2], ["perfit.sparsity=0.1"])
+    by_seed = tables.plan(tmp_path, rows, [0, 2], stems={"fit-iid": "shared"}, seed_major=True)
+    # Assert
+    assert by_row.dirs["fit-iid"] == [tmp_path / "fit-iid-s0", tmp_path / "fit-iid-s2"]
+    assert by_row.runs[tmp_path / "perfit-iid-s2"] == ["perfit.sparsity=0.1", "perfit.sparsity=0.5", "seed=2"]
+    assert [d.name for d in by_row.runs] == ["fit-iid-s0", "fit-iid-s2", "perfit-iid-s0", "perfit-iid-s2"]
+    assert [d.name for d in by_seed.runs] == ["shared-s0", "perfit-iid-s0", "shared-s2", "perfit-iid-s2"]
+
+
+def test_start_runs_nothing_with_table_only(tmp_path: Path) -> None:
+    args = tables.table_parser(None).parse_args(["no-such-config.yaml", "--table-only"])
+    tables.start(args, {tmp_path / "fit-s0": ["seed=0"]})  # a run would fail on the missing config
+    assert not (tmp_path / "fit-s0.log").exists()
+
+
+def test_values_are_aggregated_over_the_seeds_that_have_them() -> None:
+    # Prepare: seed 1 did not score macro_f1
+    evaluations = {"1": {"accuracy": 0.7}, "0": {"accuracy": 0.5, "macro_f1": 0.25}}
+    # Execute
+    values = tables.seed_values(evaluations, ["accuracy", "macro_f1", "rougeL"], scale=100)
+    # Assert: mean, population std, per seed in numeric order; a key no seed has is left out
+    assert values == {
+        "accuracy": 60.0,
+        "accuracy_std": 10.0,
+        "accuracy_by_seed": {"0": 50.0, "1": 70.0},
+        "macro_f1": 25.0,
+        "macro_f1_std": 0.0,
+        "macro_f1_by_seed": {"0": 25.0},
+    }
+    assert tables.cell(values["accuracy_by_seed"], 1) == "60.0 ± 10.0"
+    assert tables.cell(values["macro_f1_by_seed"], 1) == "25.0"
+
+
+def test_finals_are_the_last_evaluation_of_each_finished_run(tmp_path: Path) -> None:
+    evaluated = {"round": 1, "eval": {"accuracy": 0.5}}
+    done = _run(tmp_path / "fit-s0", [{"round": 0, "eval": {"accuracy": 0.1}}, evaluated])
+    going = _run(tmp_path / "fit-s1", [{"round": 0}, {"round": 1}], rounds=2)
+    scored_otherwise = _run(tmp_path / "fit-s2", [{"round": 0}, {"round": 1, "eval": {"rougeL": 0.3}}])
+
+    assert tables.finals([done, going, scored_otherwise, tmp_path / "fit-s3"], "accuracy") == {"0": evaluated}
+    assert list(tables.finals([done, going, scored_otherwise])) == ["0", "2"]
+
+
+def test_a_claim_is_checked_on_the_means_and_seed_by_seed() -> None:
+    low, high = {"0": 1.0, "1": 3.0, "2": 1.0}, {"0": 2.0, "1": 2.0, "2": 2.0}
+    # Execute
+    claim = tables.check([low, high])
+    level = tables.check([low, high], means=[0.1 + 0.2, 0.3])  # equal but for the order of summing
+    # Assert
+    assert claim == tables.Verdict(means=(5 / 3, 2.0), verdict="holds", holding=2, seeds=3)
+    assert level.verdict == "tie" and (level.holding, level.seeds) == (2, 3)
+    assert tables.check([high, low]).verdict == "does not hold"
+
+
+def test_rows_are_compared_on_the_seeds_they_all_have() -> None:
+    cut, note = tables.on_common_seeds([{"0": 1.0, "1": 2.0, "5": 9.0}, {"0": 3.0, "1": 4.0}])
+    assert cut == [{"0": 1.0, "1": 2.0}, {"0": 3.0, "1": 4.0}]
+    assert note == " (on seeds 0, 1, which every row compared has)"
+    assert tables.on_common_seeds([{"0": 1.0}, {"0": 2.0}]) == ([{"0": 1.0}, {"0": 2.0}], "")
+
+
+def test_the_closing_notes_name_what_was_kept_and_what_was_rejected(tmp_path: Path) -> None:
+    why = "update norm 9.1 exceeds 10 x the round's median update norm 0.4 (fed.screen)"
+    screened = _run(tmp_path / "fedot-s0", [{"round": 0}, {"round": 1, "rejected": {"c01": why}}])
+    args = tables.table_parser(None, keep_earlier=True).parse_args(["config.yaml"])
+
+    notes = tables.closing_notes({"fedot": [screened]}, tmp_path / "table-x", args, kept_rows=["FedOT iid"])
+
+    assert notes == (
+        "\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): FedOT iid.\n"
+        "\n\n" + tables.REJECTED_HEAD + f"\n\n- fedot-s0, round 1, c01: {why}\n"
+    )
+    assert tables.run_notes("# table\n\n| a |" + notes) == notes
+
+
+def _render_table(recorded: tables.Recorded) -> str:
+    rows = [[key, tables.cell(row["acc_by_seed"], 1)] for key, row in recorded.results.items()]
+    return f"# {recorded.cfg.name}, seeds {recorded.args.seeds}\n\n" + tables.markdown_table(
+        ["row", "acc"], rows
+    )
+
+
+def test_render_rewrites_a_tables_markdown_from_its_results_file_alone(tmp_path: Path) -> None:
+    # Prepare: a results file, and the .md beside it closing with a note on its runs
+    results = {"fit": tables.over_seeds("acc", {"0": 50.0, "1": 70.0})}
+    command = f"python experiments/x_table.py {CONFIG} --seeds 0 1 --table-only"
+    json_path = tmp_path / "results" / "table-x.json"
+    json_path.parent.mkdir()
+    json_path.write_text(json.dumps({"config": "x", "command": command, "results": results}))
+    note = "\n\nKept from the previous results file (no run of theirs here, `--keep-earlier`): fit.\n"
+    json_path.with_suffix(".md").write_text("# old layout" + note)
+    parser = tables.table_parser(None)
+    # Execute
+    written = tables.render(json_path, parser, {"table-": _render_table, "table-y": _render_table}, tmp_path)
+    # Assert: the options are the recorded command's; the numbers the file's; the note the .md's
+    assert written == tmp_path / "table-x.md"
+    assert (
+        written.read_text()
+        == "# perfit-tiny, seeds [0, 1]\n\n| row | acc |\n|---|---|\n| fit | 60.0 ± 10.0 |" + note
+    )
+
+
+def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
+    path = tmp_path / "sweep-x.json"
+    path.write_text(json.dumps({"command": f"python x.py {CONFIG}", "results": {"fit": {}}}))
+    parser = tables.table_parser(None)
+    with pytest.raises(SystemExit, match=r"sweep-x\.json: no table of this script is named so"):
+        tables.render(path, parser, {"table-": _render_table}, tmp_path)
+    renamed = path.rename(tmp_path / "table-x.json")
+    with pytest.raises(SystemExit, match=r"table-x\.json: these results lack what the table shows today"):
+        tables.render(renamed, parser, {"table-": _render_table}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("script", "table"),
+    [
+        ("perfit_table", "table-perfit-smollm2"),
+        ("fedpft_table", "sweep-lr-fedpft-minilm-distill-r30"),
+        ("fedbiot_table", "table-fedbiot-qa-k30-d0.5"),
+        ("fedmkt_table", "table-fedmkt-wic"),
+        ("fedpt_table", "table-fedpt-smollm2"),
+    ],
+)
+def test_a_committed_table_renders_from_its_json_byte_for_byte(
+    script: str, table: str, tmp_path: Path
+) -> None:
+    import importlib
+
+    results = ROOT / "experiments" / "results"
+    module = importlib.import_module(f"experiments.{script}")
+    module.main(["--render", str(results / f"{table}.json"), "--results-dir", str(tmp_path)])
+    assert (tmp_path / f"{table}.md").read_bytes() == (results / f"{table}.md").read_bytes()
