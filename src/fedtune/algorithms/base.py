@@ -21,37 +21,18 @@ from fedtune.algorithms.final import (
     load_adapter_model,
     save_adapter_model,
 )
+from fedtune.algorithms.personal import personal_replies, personal_results
 from fedtune.config import AlgorithmConfig, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.errors import RunError
-from fedtune.eval.evaluate import (
-    EvalResult,
-    EvalSet,
-    client_results,
-    evaluate_lm,
-    implausible_metric,
-    payload_result,
-    result_payload,
-)
+from fedtune.eval.evaluate import EvalResult, EvalSet, evaluate_lm
 from fedtune.fl.federation import ClientTask, Federation, ServerContext, Traffic
 from fedtune.fl.payload import Payload
 from fedtune.fl.privacy import ClientLevelDP
 from fedtune.fl.release import Release, client_task_table
 from fedtune.fl.secagg.server import SecureAggregation
-from fedtune.fl.validation import ReplySpec
 from fedtune.models.spec import ModelSpec
 from fedtune.resources import model_spec
-
-PERSONAL_EVAL = "evaluate_personal"
-"""The client task of the client-side evaluation; its reply: ``result_payload`` + these scalars."""
-EVAL_EXAMPLES = "num_eval_examples"
-
-
-def personal_reply(result: EvalResult, num_examples: int, rnd: int) -> Payload:
-    """A client's reply to ``evaluate_personal``: its metrics, held-out size and the round."""
-    reply = result_payload(result)
-    reply.update({EVAL_EXAMPLES: int(num_examples), "round": int(rnd)})
-    return reply
 
 
 class RoundFailed(RunError):
@@ -171,31 +152,8 @@ class Algorithm(ABC, Generic[SectionT]):
         return personal_results(self.personal_replies(rnd, fed))
 
     def personal_replies(self, rnd: int, fed: Federation) -> dict[str, Payload]:
-        """Every client's reply to ``evaluate_personal`` (its metrics and held-out size)."""
-        clients = fed.client_ids()
-        spec = ReplySpec(scalars={EVAL_EXAMPLES: int, "round": int})
-        replies = fed.call(
-            clients,
-            PERSONAL_EVAL,
-            self.personal_messages(rnd, clients),
-            timeout=self.cfg.fed.client_timeout,
-            expect=spec,
-        )
-        holdout = self.cfg.data.holdout
-        for client, reply in list(replies.items()):
-            implausible = implausible_metric(reply)
-            if implausible is not None:
-                fed.traffic.rejected[client] = implausible
-                del replies[client]
-                continue
-            limit = held_out_limit(fed.client_sizes.get(client), holdout)
-            if limit is not None and int(reply[EVAL_EXAMPLES]) > limit:
-                fed.traffic.rejected[client] = (
-                    f"{EVAL_EXAMPLES} {reply[EVAL_EXAMPLES]} exceeds the {limit} records a client training "
-                    f"on {fed.client_sizes[client]} can hold out (data.holdout {holdout})"
-                )
-                del replies[client]
-        return replies
+        """Every client's reply to ``evaluate_personal`` (its metrics and held-out size), each checked."""
+        return personal_replies(self.cfg, fed, self.personal_messages(rnd, fed.client_ids()))
 
     # ----- the final model: what `fedtune eval` / `generate` load from a finished run ---------------
     final_variants: ClassVar[tuple[str, ...]] = ()
@@ -287,23 +245,6 @@ class Algorithm(ABC, Generic[SectionT]):
         # dp the model moves by the noise alone, as a Poisson round that samples nobody does).
         if len(replies) + self.release.withheld() < needed:
             raise RoundFailed(missing_replies_message(len(replies), sampled, needed, traffic))
-
-
-def held_out_limit(train_size: int | None, holdout: float) -> int | None:
-    """The most records a client training on ``train_size`` can hold out at share ``holdout``: the split
-    holds out ``round(h N)`` of its N records, so at most ``ceil(h n / (1 - h)) + 1``; None when unknown
-    (no size, or ``holdout`` 0: the method scores clients on another set)."""
-    if not train_size or holdout <= 0:
-        return None
-    return int(np.ceil(holdout * train_size / (1 - holdout))) + 1
-
-
-def personal_results(replies: Mapping[str, Payload], prefix: str = "personal/") -> EvalResult:
-    """The clients' ``evaluate_personal`` replies averaged: ``<prefix><metric>`` plain and weighted by
-    each client's held-out size."""
-    results = {cid: payload_result(reply) for cid, reply in replies.items()}
-    sizes = {cid: int(reply[EVAL_EXAMPLES]) for cid, reply in replies.items()}
-    return client_results(results, sizes, prefix)
 
 
 def missing_replies_message(got: int, sampled: list[str], needed: int, traffic: Traffic | None) -> str:

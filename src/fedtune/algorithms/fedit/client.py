@@ -8,8 +8,8 @@ reads the run's config from its context (``ctx.cfg``): ``fed.mode`` and ``fedit.
 from __future__ import annotations
 
 from fedtune.algorithms.adapters import ADAPTER, evaluate_adapter, evaluation_records, fit_adapter
-from fedtune.algorithms.base import personal_reply
 from fedtune.algorithms.fedit.config import FedITConfig
+from fedtune.algorithms.personal import personal_reply
 from fedtune.eval.evaluate import result_payload
 from fedtune.fl.federation import ClientContext
 from fedtune.fl.payload import Payload, arrays

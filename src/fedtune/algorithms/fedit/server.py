@@ -9,8 +9,9 @@ import numpy as np
 
 import fedtune.algorithms.fedit.client as client
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, evaluate_adapter, fit_round_result
-from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult
+from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.fedit.config import FedITConfig
+from fedtune.algorithms.personal import PERSONAL_EVAL
 from fedtune.config import ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet, mean_results, payload_result
 from fedtune.fl.aggregate import server_step

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fedtune.algorithms.adapters import evaluation_records
-from fedtune.algorithms.base import derive_seed, evaluate_model, personal_reply
+from fedtune.algorithms.base import derive_seed, evaluate_model
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
 from fedtune.algorithms.fedmkt.maths import (
     NOT_SELECTED,
@@ -31,6 +31,7 @@ from fedtune.algorithms.fedmkt.maths import (
 )
 from fedtune.algorithms.fedmkt.wire import ADAPTER, LLM, PUBLIC, Knowledge, public_subset, unpack_knowledge
 from fedtune.algorithms.local import fit_scalars, train_selected
+from fedtune.algorithms.personal import personal_reply
 from fedtune.align import vocab_map
 from fedtune.config import ExperimentConfig
 from fedtune.data.records import Record

@@ -11,7 +11,7 @@ import numpy as np
 
 import fedtune.algorithms.fedmkt.client as client
 from fedtune.algorithms.adapters import fit_round_result
-from fedtune.algorithms.base import PERSONAL_EVAL, Algorithm, RoundResult, derive_seed, evaluate_model
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
 from fedtune.algorithms.fedmkt.final import CLIENT_OPTION, slm_model
 from fedtune.algorithms.fedmkt.maths import (
@@ -34,6 +34,7 @@ from fedtune.algorithms.fedmkt.wire import (
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.algorithms.local import REPLY_SCALARS
+from fedtune.algorithms.personal import PERSONAL_EVAL
 from fedtune.config import ConfigError, ExperimentConfig
 from fedtune.data.records import Record
 from fedtune.eval.evaluate import EvalResult, EvalSet

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 
 from fedtune.algorithms.adapters import client_examples
-from fedtune.algorithms.base import derive_seed, evaluate_model, personal_reply
+from fedtune.algorithms.base import derive_seed, evaluate_model
 from fedtune.algorithms.local import fit_scalars, train_selected
 from fedtune.algorithms.perfit.config import PerFITConfig
 from fedtune.algorithms.perfit.maths import expanded_rank, kept_count, symmetric_init
 from fedtune.algorithms.perfit.search import search_masks
 from fedtune.algorithms.perfit.wire import AFTER_FIT, VALUES, mask_payload, values_payload
+from fedtune.algorithms.personal import personal_reply
 from fedtune.config import ExperimentConfig
 from fedtune.data.tokenize import make_batches
 from fedtune.eval.evaluate import result_payload

@@ -13,14 +13,7 @@ import numpy as np
 
 import fedtune.algorithms.perfit.client as client
 from fedtune.algorithms.adapters import fit_round_result
-from fedtune.algorithms.base import (
-    EVAL_EXAMPLES,
-    PERSONAL_EVAL,
-    Algorithm,
-    RoundResult,
-    derive_seed,
-    personal_results,
-)
+from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed
 from fedtune.algorithms.exporting import Exported, export_causal_lm, full_precision
 from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.algorithms.perfit.config import PerFITConfig
@@ -34,6 +27,7 @@ from fedtune.algorithms.perfit.maths import (
     update_global,
 )
 from fedtune.algorithms.perfit.wire import AFTER_FIT, MASK, VALUES, fit_spec, search_spec, values_payload
+from fedtune.algorithms.personal import EVAL_EXAMPLES, PERSONAL_EVAL, personal_results
 from fedtune.config import ConfigError, ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.aggregate import gather_masked, scatter_masked, unpack_mask
