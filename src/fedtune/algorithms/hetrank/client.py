@@ -37,6 +37,8 @@ def train_at_rank(
     load_adapter(model, zero_pad(received, full_rank))
     params = adapter_parameters(model)
     shapes = {key: tuple(p.shape) for key, p in params.items()}
+    # A padded rank has both factors zero, so its gradients are zero too; the mask keeps it exactly zero
+    # whatever the optimiser or a proximal term would do with it.
     masks = {key: torch.from_numpy(mask) for key, mask in rank_masks(shapes, rank).items() if not mask.all()}
     result = train_selected(
         ctx,
