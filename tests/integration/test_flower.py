@@ -203,8 +203,16 @@ def test_fedpft_neuron_distillation_on_flower_equals_in_process(
         assert {p.name for p in cache.iterdir()} == {"arch.json", "ffn.npz", "frozen.npz"}
 
 
-# FedIT and FedBiOT have their own, longer Flower tests above; every other algorithm runs here.
-@pytest.mark.parametrize("algorithm", [a for a in algorithm_names() if a not in ("fedit", "fedbiot")])
+# FedIT and FedBiOT have their own, longer Flower tests above; every other algorithm runs here (HetLoRA,
+# whose clients and messages are FlexLoRA's, algorithms/hetrank, in the slow tier only).
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        pytest.param(a, marks=pytest.mark.slow) if a == "hetlora" else a
+        for a in algorithm_names()
+        if a not in ("fedit", "fedbiot")
+    ],
+)
 def test_every_algorithm_on_flower_equals_in_process(
     algorithm: str, deployment: LocalDeployment, tmp_path: Path
 ) -> None:

@@ -51,8 +51,11 @@ def ray_instance() -> Iterator[Any]:
 
 
 # Every registered algorithm, in the default tier: 10-25 s each on two cores, most of it the actors
-# starting (importing torch, building the data).
-@pytest.mark.parametrize("algorithm", algorithm_names())
+# starting (importing torch, building the data). HetLoRA's clients and messages are FlexLoRA's
+# (algorithms/hetrank): it runs here in the slow tier only.
+@pytest.mark.parametrize(
+    "algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "hetlora" else a for a in algorithm_names()]
+)
 def test_ray_run_equals_in_process(algorithm: str, ray_instance: Any, tmp_path: Path) -> None:
     expected = quiet_runner(tiny_config(algorithm), tmp_path / "simulation").run()
     actual = quiet_runner(tiny_config(algorithm, *RAY), tmp_path / "ray").run()
