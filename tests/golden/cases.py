@@ -32,6 +32,9 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedpft": ("fedpft", ()),
     "fedot": ("fedpft", ("fedpft.submodel=layerdrop",)),
     "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),
+    "fedadam": ("fedadam", ()),
+    "fedyogi": ("fedyogi", ()),
+    "fedadagrad": ("fedadagrad", ()),
 }
 
 # Wall-clock and memory readings differ from run to run; everything else is pinned.
