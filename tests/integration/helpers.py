@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,28 @@ from fedtune.runner import Runner
 from tests.golden.cases import VOLATILE
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+SHARES_FEDADAMS_ROUNDS = ("fedyogi", "fedadagrad")
+"""Methods that run every line of FedAdam's rounds but their second-moment update (which
+tests/unit/test_fedopt.py checks by hand): the parametrizations over backends, DP and SecAgg run
+FedAdam in the default tier and these in the slow one."""
+
+
+# With beta1 = 0 and tau far above every |Delta|, an adaptive step is Delta * server_lr / (sqrt(v) + tau):
+# Delta itself (to |Delta| / tau) when server_lr is tau for FedAdam with beta2 = 0 (sqrt(v) = |Delta|)
+# and 2 tau for FedYogi and FedAdagrad (v near tau^2). The model then moves by the release alone, which
+# test_privacy and test_secagg bound.
+ADAPTIVE_STEP_IS_THE_RELEASE = {
+    "fedadam": ("fedadam.beta1=0", "fedadam.beta2=0", "fedadam.tau=1000", "fedadam.server_lr=1000"),
+    "fedyogi": ("fedyogi.beta1=0", "fedyogi.beta2=0", "fedyogi.tau=1000", "fedyogi.server_lr=2000"),
+    "fedadagrad": ("fedadagrad.beta1=0", "fedadagrad.tau=1000", "fedadagrad.server_lr=2000"),
+}
+
+
+def default_tier(algorithms: Iterable[str]) -> list[Any]:
+    """``algorithms`` as pytest parameters, those in ``SHARES_FEDADAMS_ROUNDS`` marked slow."""
+    return [pytest.param(a, marks=pytest.mark.slow) if a in SHARES_FEDADAMS_ROUNDS else a for a in algorithms]
 
 
 def tiny_config(algorithm: str, *overrides: str) -> ExperimentConfig:

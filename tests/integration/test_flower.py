@@ -23,7 +23,7 @@ from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.flower.local import LocalDeployment
 from tests.integration import flower_hooks
 from tests.integration.flower_support import assert_close, flower_run, rows
-from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
+from tests.integration.helpers import ROOT, default_tier, quiet_runner, stable, tiny_config
 
 TWO_CLIENTS = ("data.partition.num_clients=2",)
 HOOKS = "tests.integration.flower_hooks"
@@ -204,7 +204,9 @@ def test_fedpft_neuron_distillation_on_flower_equals_in_process(
 
 
 # FedIT and FedBiOT have their own, longer Flower tests above; every other algorithm runs here.
-@pytest.mark.parametrize("algorithm", [a for a in algorithm_names() if a not in ("fedit", "fedbiot")])
+@pytest.mark.parametrize(
+    "algorithm", default_tier(a for a in algorithm_names() if a not in ("fedit", "fedbiot"))
+)
 def test_every_algorithm_on_flower_equals_in_process(
     algorithm: str, deployment: LocalDeployment, tmp_path: Path
 ) -> None:

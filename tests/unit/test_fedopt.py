@@ -19,7 +19,13 @@ Arrays = dict[str, np.ndarray]
 
 
 def two_rounds(
-    rule: SecondMoment, released: list[list[float]], *, server_lr: float, tau: float, beta1: float, beta2: float
+    rule: SecondMoment,
+    released: list[list[float]],
+    *,
+    server_lr: float,
+    tau: float,
+    beta1: float,
+    beta2: float,
 ) -> list[tuple[Arrays, Arrays, Arrays]]:
     """(x, m, v) after each round, from x_0 = [1, 2], m_{-1} = 0, v_{-1} = tau^2."""
     state: Arrays = {"w": np.array([1.0, 2.0])}
@@ -102,7 +108,7 @@ def test_fedyogi_two_rounds_by_hand() -> None:
 def test_the_step_keeps_each_arrays_dtype_and_moments_start_at_zero_and_tau_squared(
     rule: SecondMoment,
 ) -> None:
-    state = {"a": np.ones((2, 3), dtype=np.float32), "b": np.zeros(4, dtype=np.float16)}
+    state: Arrays = {"a": np.ones((2, 3), dtype=np.float32), "b": np.zeros(4, dtype=np.float16)}
     first, second = initial_moments(state, tau=0.5)
     assert all(not value.any() for value in first.values())
     assert all(np.all(value == 0.25) for value in second.values())

@@ -31,10 +31,19 @@ def yogi_second_moment(previous: np.ndarray, delta: np.ndarray, beta2: float) ->
     return previous - (1 - beta2) * squared * np.sign(previous - squared)
 
 
+SECOND_MOMENTS: dict[str, SecondMoment] = {
+    "adagrad": adagrad_second_moment,
+    "adam": adam_second_moment,
+    "yogi": yogi_second_moment,
+}
+"""Each optimiser's second-moment rule, by name."""
+
+
 def initial_moments(
     state: Mapping[str, np.ndarray], tau: float
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``(m_{-1}, v_{-1})``: zeros and tau^2 (Algorithm 2 asks v_{-1} >= tau^2), shaped and typed as ``state``."""
+    """``(m_{-1}, v_{-1})``: zeros and tau^2 (Algorithm 2 asks v_{-1} >= tau^2), each shaped and typed as
+    its entry of ``state``."""
     first = {key: np.zeros_like(value) for key, value in state.items()}
     second = {key: np.full_like(value, tau**2) for key, value in state.items()}
     return first, second

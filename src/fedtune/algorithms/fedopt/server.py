@@ -16,12 +16,9 @@ from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.fedopt.client import fit
 from fedtune.algorithms.fedopt.config import FedAdagradConfig, FedAdamConfig, FedOptConfig, FedYogiConfig
 from fedtune.algorithms.fedopt.maths import (
-    SecondMoment,
-    adagrad_second_moment,
-    adam_second_moment,
+    SECOND_MOMENTS,
     adaptive_step,
     initial_moments,
-    yogi_second_moment,
 )
 from fedtune.config import ExperimentConfig
 from fedtune.eval.evaluate import EvalResult, EvalSet
@@ -35,7 +32,8 @@ class FedOpt(Algorithm[ConfigT]):
     """Algorithm 2 of Reddi et al.: the released mean of the clients' adapters is a pseudo-gradient
     for a server optimiser whose moments (``first_moment``, ``second_moment``) persist across rounds."""
 
-    second_moment_rule: ClassVar[SecondMoment]
+    optimiser: ClassVar[str]
+    """The second-moment rule, a key of ``maths.SECOND_MOMENTS``."""
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -63,7 +61,7 @@ class FedOpt(Algorithm[ConfigT]):
             released,
             self.first_moment,
             self.second_moment,
-            second_moment=type(self).second_moment_rule,
+            second_moment=SECOND_MOMENTS[self.optimiser],
             server_lr=section.server_lr,
             tau=section.tau,
             beta1=section.beta1,
@@ -93,16 +91,16 @@ class FedOpt(Algorithm[ConfigT]):
 class FedAdagrad(FedOpt[FedAdagradConfig]):
     name = "fedadagrad"
     Config = FedAdagradConfig
-    second_moment_rule = staticmethod(adagrad_second_moment)
+    optimiser = "adagrad"
 
 
 class FedAdam(FedOpt[FedAdamConfig]):
     name = "fedadam"
     Config = FedAdamConfig
-    second_moment_rule = staticmethod(adam_second_moment)
+    optimiser = "adam"
 
 
 class FedYogi(FedOpt[FedYogiConfig]):
     name = "fedyogi"
     Config = FedYogiConfig
-    second_moment_rule = staticmethod(yogi_second_moment)
+    optimiser = "yogi"
