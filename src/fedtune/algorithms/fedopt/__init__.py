@@ -1,5 +1,5 @@
-"""FedAdagrad, FedAdam and FedYogi: adaptive server optimisers on the LoRA adapter (Reddi, Charles,
-Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated Optimization", ICLR 2021).
+"""What FedAdagrad, FedAdam and FedYogi share: adaptive server optimisers on the LoRA adapter (Reddi,
+Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated Optimization", ICLR 2021).
 
 Algorithm 2 of the paper, with FedIT's clients. Round t: the sampled clients train the global adapter
 x_t locally (the ``fit`` task); the server takes the mean of their adapters weighted by example count
@@ -17,10 +17,11 @@ keeps beta1 (Flower's fixes it at 0). The clients run the run's ``train:`` optim
 where the paper's run SGD: the server step is the paper's, the local one is FedIT's.
 
 The optimiser only post-processes the released mean, so client-level DP and secure aggregation apply
-as they do to FedIT. One package holds the three: they differ in one line, the v update
-(``maths``); each is its own ``algorithm:`` name with its own config section.
+as they do to FedIT. The three differ in one line, the v update (``maths.SECOND_MOMENTS``): this package
+holds everything they share, and each method's own package (``fedadam``, ``fedyogi``, ``fedadagrad``)
+names it, its config section and its rule.
 
-Layout: ``config`` (the three sections), ``maths`` (the step), ``client`` (the ``fit`` task),
+Layout: ``config`` (the shared section base), ``maths`` (the step), ``client`` (the ``fit`` task),
 ``server`` (the rounds).
 """
 
@@ -29,30 +30,21 @@ from typing import TYPE_CHECKING
 from fedtune.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fedtune.algorithms.fedopt.config import (
-        FedAdagradConfig,
-        FedAdamConfig,
-        FedOptConfig,
-        FedYogiConfig,
-    )
+    from fedtune.algorithms.fedopt.config import FedOptConfig
     from fedtune.algorithms.fedopt.maths import (
+        SECOND_MOMENTS,
         adagrad_second_moment,
         adam_second_moment,
         adaptive_step,
         initial_moments,
         yogi_second_moment,
     )
-    from fedtune.algorithms.fedopt.server import FedAdagrad, FedAdam, FedOpt, FedYogi
+    from fedtune.algorithms.fedopt.server import FedOpt
 
 __all__ = [
-    "FedAdagrad",
-    "FedAdagradConfig",
-    "FedAdam",
-    "FedAdamConfig",
+    "SECOND_MOMENTS",
     "FedOpt",
     "FedOptConfig",
-    "FedYogi",
-    "FedYogiConfig",
     "adagrad_second_moment",
     "adam_second_moment",
     "adaptive_step",
@@ -60,17 +52,15 @@ __all__ = [
     "yogi_second_moment",
 ]
 
-# The parts load on first use: validating a config imports only ``config``, not torch.
+# The parts load on first use: importing the shared config base does not import torch.
 __getattr__ = lazy_exports(
     __name__,
     {
-        **dict.fromkeys(("FedAdagrad", "FedAdam", "FedOpt", "FedYogi"), "fedtune.algorithms.fedopt.server"),
-        **dict.fromkeys(
-            ("FedAdagradConfig", "FedAdamConfig", "FedOptConfig", "FedYogiConfig"),
-            "fedtune.algorithms.fedopt.config",
-        ),
+        "FedOpt": "fedtune.algorithms.fedopt.server",
+        "FedOptConfig": "fedtune.algorithms.fedopt.config",
         **dict.fromkeys(
             (
+                "SECOND_MOMENTS",
                 "adagrad_second_moment",
                 "adam_second_moment",
                 "adaptive_step",

@@ -1,4 +1,5 @@
-"""The config sections of the adaptive server optimisers (``fedadam:``, ``fedyogi:``, ``fedadagrad:``).
+"""What the config sections of the adaptive server optimisers share (``fedadam:``, ``fedyogi:``,
+``fedadagrad:`` subclass it).
 
 Defaults: beta1 = 0.9 and beta2 = 0.99 are the values Reddi et al. fix in their experiments; they tune
 the server learning rate and tau per task on log grids, so ours are a starting point, not a tuned
@@ -24,21 +25,3 @@ class FedOptConfig(AlgorithmConfig):
     """Adaptivity tau: added to sqrt(v_t), and v starts at tau^2 (larger: closer to momentum SGD)."""
     beta1: float = Field(0.9, ge=0, lt=1)
     """First-moment decay: m_t = beta1 * m_{t-1} + (1 - beta1) * Delta_t (0: no server momentum)."""
-
-
-class FedAdagradConfig(FedOptConfig):
-    """FedAdagrad: v_t = v_{t-1} + Delta_t^2."""
-
-
-class FedAdamConfig(FedOptConfig):
-    """FedAdam: v_t = beta2 * v_{t-1} + (1 - beta2) * Delta_t^2 (no bias correction)."""
-
-    beta2: float = Field(0.99, ge=0, lt=1)
-    """Second-moment decay: v_t = beta2 * v_{t-1} + (1 - beta2) * Delta_t^2."""
-
-
-class FedYogiConfig(FedOptConfig):
-    """FedYogi: v_t = v_{t-1} - (1 - beta2) * Delta_t^2 * sign(v_{t-1} - Delta_t^2)."""
-
-    beta2: float = Field(0.99, ge=0, lt=1)
-    """Second-moment rate: v_t = v_{t-1} - (1 - beta2) * Delta_t^2 * sign(v_{t-1} - Delta_t^2)."""

@@ -1,7 +1,7 @@
 """The rounds of FedAdagrad, FedAdam and FedYogi: FedIT's clients, then an adaptive step on the release.
 
-One class holds the rounds; each optimiser is a subclass that names itself, its config section and
-its second-moment rule.
+One class holds the rounds; each optimiser's package subclasses it, naming the method, its config
+section and its second-moment rule.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, evaluate_adapter, fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult
 from fedtune.algorithms.fedopt.client import fit
-from fedtune.algorithms.fedopt.config import FedAdagradConfig, FedAdamConfig, FedOptConfig, FedYogiConfig
+from fedtune.algorithms.fedopt.config import FedOptConfig
 from fedtune.algorithms.fedopt.maths import (
     SECOND_MOMENTS,
     adaptive_step,
@@ -86,21 +86,3 @@ class FedOpt(Algorithm[ConfigT]):
         self.global_adapter = {k: np.asarray(v) for k, v in state["global_adapter"].items()}
         self.first_moment = {k: np.asarray(v) for k, v in state["first_moment"].items()}
         self.second_moment = {k: np.asarray(v) for k, v in state["second_moment"].items()}
-
-
-class FedAdagrad(FedOpt[FedAdagradConfig]):
-    name = "fedadagrad"
-    Config = FedAdagradConfig
-    optimiser = "adagrad"
-
-
-class FedAdam(FedOpt[FedAdamConfig]):
-    name = "fedadam"
-    Config = FedAdamConfig
-    optimiser = "adam"
-
-
-class FedYogi(FedOpt[FedYogiConfig]):
-    name = "fedyogi"
-    Config = FedYogiConfig
-    optimiser = "yogi"
