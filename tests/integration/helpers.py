@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SHARES_FEDADAMS_ROUNDS = ("fedyogi", "fedadagrad")
 """Methods that run every line of FedAdam's rounds but their second-moment update (which
-tests/unit/test_fedopt.py checks by hand): the parametrizations over backends, DP and SecAgg run
-FedAdam in the default tier and these in the slow one."""
+tests/unit/test_fedopt.py checks by hand): the Flower and Ray parametrizations, a minute and 10-25 s
+a method, run FedAdam in the default tier and these in the slow one."""
 
 
 # With beta1 = 0 and tau far above every |Delta|, an adaptive step is Delta * server_lr / (sqrt(v) + tau):

@@ -18,7 +18,6 @@ from fedtune.report import write_report
 from fedtune.rundata import prepare_data
 from tests.integration.helpers import (
     ADAPTIVE_STEP_IS_THE_RELEASE,
-    default_tier,
     quiet_runner,
     stable,
     tiny_config,
@@ -114,7 +113,7 @@ without it the released adapter is the mechanism's output itself, which the test
 STATE = {"fedpft": "global_state"}
 
 
-@pytest.mark.parametrize("algorithm", default_tier(SUPPORTED))
+@pytest.mark.parametrize("algorithm", SUPPORTED)
 def test_every_method_that_supports_dp_releases_its_model_through_the_mechanism(
     algorithm: str, tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ from fedtune.fl import secagg
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.simulation import TapHook
-from tests.integration.helpers import ADAPTIVE_STEP_IS_THE_RELEASE, default_tier, quiet_runner, tiny_config
+from tests.integration.helpers import ADAPTIVE_STEP_IS_THE_RELEASE, quiet_runner, tiny_config
 
 ONE_ROUND = ("fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]", "eval.max_examples=4")
 
@@ -126,7 +126,7 @@ SETTINGS = {
 the adaptive optimisers' is with ADAPTIVE_STEP_IS_THE_RELEASE)."""
 
 
-@pytest.mark.parametrize("algorithm", default_tier(SUPPORTED))
+@pytest.mark.parametrize("algorithm", SUPPORTED)
 def test_every_method_that_supports_it_aggregates_securely_as_it_does_plainly(
     algorithm: str, tmp_path: Path
 ) -> None:
