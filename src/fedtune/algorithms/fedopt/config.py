@@ -1,10 +1,11 @@
 """What the config sections of the adaptive server optimisers share (``fedadam:``, ``fedyogi:``,
 ``fedadagrad:`` subclass it).
 
-Defaults: beta1 = 0.9 and beta2 = 0.99 are the values Reddi et al. fix in their experiments; they tune
-the server learning rate and tau per task on log grids, so ours are a starting point, not a tuned
-value: server_lr = 0.01 and tau = 1e-3 (Flower's FedYogi defaults; Flower's FedAdam and FedAdagrad
-default to server_lr = 0.1, tau = 1e-9, where the first steps move every entry by about server_lr).
+Defaults: beta1 = 0.9, beta2 = 0.99 and tau = 1e-3 are the values of Reddi et al.'s main experiments
+(they grid-search the client and server learning rates per task on log grids and study tau apart).
+server_lr = 0.01 is a starting point, not a tuned value (Flower's FedYogi default, with its tau = 1e-3;
+Flower's FedAdam and FedAdagrad default to server_lr = 0.1, tau = 1e-9, where the first steps move
+every entry by about server_lr).
 """
 
 from __future__ import annotations
