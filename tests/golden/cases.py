@@ -34,6 +34,9 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),
     "hetlora": ("hetlora", ()),
     "flexlora": ("flexlora", ()),
+    "fedadam": ("fedadam", ()),
+    "fedyogi": ("fedyogi", ()),
+    "fedadagrad": ("fedadagrad", ()),
 }
 
 # Wall-clock and memory readings differ from run to run; everything else is pinned.

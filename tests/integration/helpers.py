@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,32 @@ from fedtune.runner import Runner
 from tests.golden.cases import VOLATILE
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+SLOW_ON_SHARED_BACKENDS = {
+    "fedyogi": "FedAdam's rounds but the second-moment update (tests/unit/test_fedopt.py checks it)",
+    "fedadagrad": "FedAdam's rounds but the second-moment update (tests/unit/test_fedopt.py checks it)",
+    "hetlora": "FlexLoRA's clients and messages (algorithms/hetrank) with its own server maths",
+}
+"""Methods whose Flower and Ray equality runs (a minute and 10-25 s a method) are in the slow tier only:
+each runs the same client code and messages as a method that stays in the default tier."""
+
+
+# With beta1 = 0 and tau far above every |Delta|, an adaptive step is Delta * server_lr / (sqrt(v) + tau):
+# Delta itself (to |Delta| / tau) when server_lr is tau for FedAdam with beta2 = 0 (sqrt(v) = |Delta|)
+# and 2 tau for FedYogi and FedAdagrad (v near tau^2). The model then moves by the release alone, which
+# test_privacy and test_secagg bound.
+ADAPTIVE_STEP_IS_THE_RELEASE = {
+    "fedadam": ("fedadam.beta1=0", "fedadam.beta2=0", "fedadam.tau=1000", "fedadam.server_lr=1000"),
+    "fedyogi": ("fedyogi.beta1=0", "fedyogi.beta2=0", "fedyogi.tau=1000", "fedyogi.server_lr=2000"),
+    "fedadagrad": ("fedadagrad.beta1=0", "fedadagrad.tau=1000", "fedadagrad.server_lr=2000"),
+}
+
+
+def default_tier(algorithms: Iterable[str]) -> list[Any]:
+    """``algorithms`` as pytest parameters, those in ``SLOW_ON_SHARED_BACKENDS`` marked slow."""
+    slow = pytest.mark.slow
+    return [pytest.param(a, marks=slow) if a in SLOW_ON_SHARED_BACKENDS else a for a in algorithms]
 
 
 def tiny_config(algorithm: str, *overrides: str) -> ExperimentConfig:

@@ -16,7 +16,12 @@ from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.privacy import ClientLevelDP, RoundMechanism, epsilon_after
 from fedtune.report import write_report
 from fedtune.rundata import prepare_data
-from tests.integration.helpers import quiet_runner, stable, tiny_config
+from tests.integration.helpers import (
+    ADAPTIVE_STEP_IS_THE_RELEASE,
+    quiet_runner,
+    stable,
+    tiny_config,
+)
 
 DP = ("dp.enabled=true", "dp.noise_multiplier=0.8", "dp.clip_norm=0.5", "fed.fraction=0.5")
 FAST = ("eval.before=false", "eval.metrics=[perplexity]", "eval.max_examples=4")
@@ -98,7 +103,11 @@ def test_max_epsilon_ends_the_run_cleanly_before_the_round_that_would_exceed_it(
 
 
 SUPPORTED = [name for name in algorithm_names() if get_algorithm(name).Config.dp_refused is None]
-SETTINGS = {"fedpft": ("fedpft.neuron_every=0",), "fedpt": ("fedpt.distill=false",)}
+SETTINGS = {
+    "fedpft": ("fedpft.neuron_every=0",),
+    "fedpt": ("fedpt.distill=false",),
+    **ADAPTIVE_STEP_IS_THE_RELEASE,
+}
 """FedPT's distillation on public data moves the adapter after the release (post-processing, allowed);
 without it the released adapter is the mechanism's output itself, which the test bounds."""
 STATE = {"fedpft": "global_state"}

@@ -23,7 +23,7 @@ from fedtune.algorithms.registry import algorithm_names, get_algorithm
 from fedtune.errors import RunError
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from tests.integration.flower_support import assert_close
-from tests.integration.helpers import ROOT, quiet_runner, stable, tiny_config
+from tests.integration.helpers import ROOT, default_tier, quiet_runner, stable, tiny_config
 
 RAY = ("fed.backend=ray", "ray.actors=2")
 
@@ -51,11 +51,8 @@ def ray_instance() -> Iterator[Any]:
 
 
 # Every registered algorithm, in the default tier: 10-25 s each on two cores, most of it the actors
-# starting (importing torch, building the data). HetLoRA's clients and messages are FlexLoRA's
-# (algorithms/hetrank): it runs here in the slow tier only.
-@pytest.mark.parametrize(
-    "algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "hetlora" else a for a in algorithm_names()]
-)
+# starting (importing torch, building the data). Those in helpers.SLOW_ON_SHARED_BACKENDS: slow tier only.
+@pytest.mark.parametrize("algorithm", default_tier(algorithm_names()))
 def test_ray_run_equals_in_process(algorithm: str, ray_instance: Any, tmp_path: Path) -> None:
     expected = quiet_runner(tiny_config(algorithm), tmp_path / "simulation").run()
     actual = quiet_runner(tiny_config(algorithm, *RAY), tmp_path / "ray").run()

@@ -15,7 +15,7 @@ from fedtune.fl import secagg
 from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.fl.payload import Payload, arrays
 from fedtune.fl.simulation import TapHook
-from tests.integration.helpers import quiet_runner, tiny_config
+from tests.integration.helpers import ADAPTIVE_STEP_IS_THE_RELEASE, quiet_runner, tiny_config
 
 ONE_ROUND = ("fed.rounds=1", "eval.before=false", "eval.metrics=[perplexity]", "eval.max_examples=4")
 
@@ -117,8 +117,13 @@ def test_too_few_survivors_fail_the_round_with_the_reason(tmp_path: Path) -> Non
 
 SUPPORTED = [name for name in algorithm_names() if get_algorithm(name).Config.dp_refused is None]
 STATE = {"fedpft": "global_state"}
-SETTINGS = {"fedpt": ("fedpt.distill=false",), "fedpft": ("fedpft.neuron_every=0",)}
-"""FedPT's distillation on public data follows the aggregate; without it the adapter is the mean itself."""
+SETTINGS = {
+    "fedpt": ("fedpt.distill=false",),
+    "fedpft": ("fedpft.neuron_every=0",),
+    **ADAPTIVE_STEP_IS_THE_RELEASE,
+}
+"""FedPT's distillation on public data follows the aggregate; without it the adapter is the mean itself (as
+the adaptive optimisers' is with ADAPTIVE_STEP_IS_THE_RELEASE)."""
 
 
 @pytest.mark.parametrize("algorithm", SUPPORTED)

@@ -1,0 +1,31 @@
+"""FedYogi: Yogi on the server (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2).
+
+FedIT's clients train the global LoRA adapter x_t; the server steps on Delta_t = (released mean) - x_t:
+
+    m_t = beta1 m_{t-1} + (1 - beta1) Delta_t;
+    v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2);
+    x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau),   m_{-1} = 0, v_{-1} = tau^2.
+
+v moves towards Delta_t^2 by an additive step: a burst of large updates raises it more slowly than
+Adam's average does.
+The rounds, the step and the deviations shared with the other two optimisers are in
+``fedtune.algorithms.fedopt``; this package names the method, its config section and its v update.
+
+Layout: ``config`` (the ``fedyogi:`` section), ``server`` (the class).
+"""
+
+from typing import TYPE_CHECKING
+
+from fedtune.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fedtune.algorithms.fedyogi.config import FedYogiConfig
+    from fedtune.algorithms.fedyogi.server import FedYogi
+
+__all__ = ["FedYogi", "FedYogiConfig"]
+
+# The parts load on first use: validating a config imports only ``config``, not torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {"FedYogi": "fedtune.algorithms.fedyogi.server", "FedYogiConfig": "fedtune.algorithms.fedyogi.config"},
+)
