@@ -32,6 +32,8 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedpft": ("fedpft", ()),
     "fedot": ("fedpft", ("fedpft.submodel=layerdrop",)),
     "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),
+    "fedkseed": ("fedkseed", ()),
+    "fedkseed-importance": ("fedkseed", ("fedkseed.sampling=importance",)),
 }
 
 # Wall-clock and memory readings differ from run to run; everything else is pinned.

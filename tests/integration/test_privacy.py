@@ -101,7 +101,7 @@ SUPPORTED = [name for name in algorithm_names() if get_algorithm(name).Config.dp
 SETTINGS = {"fedpft": ("fedpft.neuron_every=0",), "fedpt": ("fedpt.distill=false",)}
 """FedPT's distillation on public data moves the adapter after the release (post-processing, allowed);
 without it the released adapter is the mechanism's output itself, which the test bounds."""
-STATE = {"fedpft": "global_state"}
+STATE = {"fedpft": "global_state", "fedkseed": "released"}
 
 
 @pytest.mark.parametrize("algorithm", SUPPORTED)

@@ -79,9 +79,14 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
                 self.known.pop(client, None)
         self.require_replies(replies, sampled, fed.traffic)
         weights = [int(reply["num_examples"]) for reply in replies.values()]
-        # Under secagg the clients kept both arrays (the seeds' update is 0): the reference names both.
+        # Under secagg the clients kept both arrays (the seeds' update is 0) and the replies hold none:
+        # the round's masked sum is moved onto a reference that names both.
         keys = ("scalars", "seeds") if self.secure is not None else ("scalars",)
-        states = [{key: np.asarray(reply[key]) for key in keys} for reply in replies.values()]
+        states = (
+            []
+            if self.secure is not None
+            else [{"scalars": np.asarray(reply["scalars"])} for reply in replies.values()]
+        )
         mean = self.aggregate(states, weights, reference={key: reference[key] for key in keys})
         row = np.asarray(mean["scalars"], dtype=np.float64)
         self.history = np.concatenate([self.history, row[None, :]])
