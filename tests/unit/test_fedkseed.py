@@ -89,14 +89,25 @@ def test_history_rows_the_replica_already_holds_are_not_applied_twice() -> None:
     assert same_bits(once, twice)
 
 
-def test_local_steps_put_the_versions_weights_back_bitwise() -> None:
-    module, reference = tiny_module(), tiny_module()
-    replica = replica_of(module)
-    with replica.local_steps() as params:
+def local_round(replica: SeedReplica, restore: str) -> None:
+    with replica.local_steps(restore) as taken:
         for seed in SEEDS.tolist():
-            add_direction(params, seed, 1e-3)
-            add_direction(params, seed, -1e-3)  # rounding leaves residue: the copy, not this, restores
+            add_direction(replica.tensors, seed, 0.3)
+            taken.append((seed, 0.3))
+
+
+def test_local_steps_put_the_versions_weights_back_bitwise_from_the_copy() -> None:
+    module, reference = tiny_module(), tiny_module()
+    local_round(replica_of(module), "copy")
     assert same_bits(module, reference)
+
+
+def test_undoing_the_local_steps_puts_the_weights_back_up_to_rounding() -> None:
+    module, reference = tiny_module(), tiny_module()
+    local_round(replica_of(module), "undo")
+    for x, y in zip(module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+    assert not same_bits(module, reference)  # why ``copy`` is the default
 
 
 def test_the_scalar_estimate_on_a_quadratic_is_the_directional_derivative() -> None:

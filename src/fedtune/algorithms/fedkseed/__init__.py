@@ -1,6 +1,6 @@
 """FedKSeed: federated full-parameter tuning by zeroth-order steps on K shared seeds.
 
-Qin, Chen, Wang, Yang, Huang, Ding, Li and Deng, "Federated Full-Parameter Tuning of Billion-Sized
+Z. Qin, D. Chen, B. Qian, B. Ding, Y. Li and S. Deng, "Federated Full-Parameter Tuning of Billion-Sized
 Language Models with Communication Cost under 18 Kilobytes", ICML 2024.
 
 The server fixes K candidate seeds s_1..s_K for the run (``maths.candidate_seeds``). A client's local
@@ -32,9 +32,9 @@ What we implement, and where we differ:
   clients), through ``Algorithm.aggregate``, so ``fed.aggregator``, DP and SecAgg apply to the K-vector.
 - Restoring after local steps: a client process keeps one model for all the clients it serves. After a
   client's local steps it copies the version's weights back from a host copy taken before them
-  (``replica.SeedReplica.local_steps``), instead of trusting the perturbations to cancel, so the next
-  client (and a resumed run, and every backend) starts from the same bits. That copy costs one model's
-  size in host memory during local steps; the accelerator still holds one model.
+  (``replica.SeedReplica.local_steps``), instead of taking the steps back (rounding leaves residue), so
+  the next client (and a resumed run, and every backend) starts from the same bits. That copy costs one
+  model's size in host memory during local steps; the accelerator still holds one model.
 - Catching up: the server sends each sampled client the history rows since the version it last
   confirmed by a valid reply (all rows to a client it never heard from, and to every client after a
   server restart), or the model's arrays when those cost fewer bytes than the rows. A client process
@@ -46,6 +46,9 @@ What we implement, and where we differ:
   round's per-seed mean is a bounded mean and client-level DP applies as to any update. SecAgg: the
   K-vector (and the seeds, whose update is 0) stays on the client and is summed masked; the server then
   cannot check the seeds, only the statistics.
+- ``restore`` (``fedkseed.restore``): ``copy`` (above, the default) or ``undo``, the paper's in-place way:
+  the steps are taken back in reverse order, no copy, exact up to rounding (so a resumed run or another
+  backend may differ in the last bits).
 - Quantised bases are refused: every weight takes the steps.
 
 Layout: ``config`` (the ``fedkseed:`` section), ``maths`` (seeds, perturbation, estimate, replay,

@@ -74,9 +74,11 @@ def zeroth_order_steps(
     eps: float,
     lr: float,
     report: StepReporter,
+    taken: list[tuple[int, float]],
 ) -> ZerothOrderResult:
     """One step per entry of ``picks`` (seed indices) on ``batches`` in turn: perturb by +eps z, -2 eps z,
-    put back +eps z, then w <- w - lr g z; z regenerated from the seed each time, never stored."""
+    put back +eps z, then w <- w - lr g z (appended to ``taken`` as ``(seed, -lr g)``); z regenerated
+    from the seed each time, never stored."""
     device = params[0].device
     gradients, losses, examples, tokens = [], [], 0, 0
     for step, index in enumerate(picks.tolist()):
@@ -89,6 +91,7 @@ def zeroth_order_steps(
         add_direction(params, seed, eps)
         gradient = projected_gradient(loss_plus, loss_minus, eps)
         add_direction(params, seed, -lr * gradient)
+        taken.append((seed, -lr * gradient))
         gradients.append(gradient)
         losses.append(0.5 * (loss_plus + loss_minus))
         examples += int(batch["input_ids"].shape[0])
@@ -130,9 +133,17 @@ def fit(ctx: ClientContext, msg: Payload) -> Payload:
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with replica.local_steps() as params:
+    with replica.local_steps(section.restore) as taken:
         result = zeroth_order_steps(
-            model, params, batches, picks, seeds, eps=section.eps, lr=section.lr, report=ctx.report
+            model,
+            replica.tensors,
+            batches,
+            picks,
+            seeds,
+            eps=section.eps,
+            lr=section.lr,
+            report=ctx.report,
+            taken=taken,
         )
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
     return {

@@ -29,5 +29,9 @@ class FedKSeedConfig(AlgorithmConfig):
     sampling: Literal["uniform", "importance"] = "uniform"
     """How a local step picks its seed: uniformly, or by the paper's seed importance (softmax of each
     seed's normalised mean |scalar| over the history)."""
+    restore: Literal["copy", "undo"] = "copy"
+    """How a client process puts the global model back after its local steps: ``copy`` from a host copy
+    taken before them (bit-exact: resume and every backend give the same numbers; one model's size of
+    host memory), or ``undo`` by taking the steps back in reverse (no copy; exact up to rounding)."""
     importance_alpha: float = Field(1.0, gt=0)
     """With ``sampling: importance``: the softmax scale on the importance normalised to [0, 1]."""

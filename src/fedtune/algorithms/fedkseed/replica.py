@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedtune.algorithms.fedkseed.maths import replay
+from fedtune.algorithms.fedkseed.maths import add_direction, replay
 
 
 class ReplicaGap(RuntimeError):
@@ -61,16 +61,28 @@ class SeedReplica:
         return sum(p.numel() * p.element_size() for p in self.params.values())
 
     @contextmanager
-    def local_steps(self) -> Iterator[list[torch.Tensor]]:
-        """The parameters to step on locally; the version's weights are restored on exit.
+    def local_steps(self, restore: str = "copy") -> Iterator[list[tuple[int, float]]]:
+        """Step on ``self.tensors`` locally, recording each step ``(seed, scale)`` (``w += scale z(seed)``)
+        in the list this yields; the version's weights are put back on exit.
 
-        A copy on the host restores them exactly: undoing the steps (adding back each lr g z) would
-        leave rounding residue, and the next client of this process would start from other bits.
+        ``restore="copy"``: from a copy on the host taken on entry, bit for bit (one model's size of host
+        memory). ``restore="undo"``: by the recorded steps taken back in reverse order, with no copy; the
+        weights come back up to rounding (a few ulps per step), so the next client of this process, a
+        resumed run or another backend may start from other last bits.
         """
-        saved = {name: p.detach().to("cpu", copy=True) for name, p in self.params.items()}
+        saved = (
+            {name: p.detach().to("cpu", copy=True) for name, p in self.params.items()}
+            if restore == "copy"
+            else None
+        )
+        taken: list[tuple[int, float]] = []
         try:
-            yield self.tensors
+            yield taken
         finally:
             with torch.no_grad():
-                for name, param in self.params.items():
-                    param.copy_(saved[name])
+                if saved is not None:
+                    for name, param in self.params.items():
+                        param.copy_(saved[name])
+                else:
+                    for seed, scale in reversed(taken):
+                        add_direction(self.tensors, seed, -scale)
