@@ -235,3 +235,25 @@ def test_a_seed_not_of_this_round_is_named() -> None:
 def test_a_scalar_vector_beyond_the_norm_bound_is_rejected() -> None:
     with pytest.raises(ReplyRejected, match=r"update norm 2\.291 exceeds fed\.norm_bound = 1"):
         validate_reply(good_reply(), reply_spec(SEEDS, 1.0, {}))
+
+
+def test_the_seeds_are_ids_not_part_of_the_update_norm() -> None:
+    spec = reply_spec(SEEDS, 2.5, {})
+    foreign = {**good_reply(), "seeds": np.array([11, 23, 10**9, 41], dtype=np.int64)}
+    assert validate_reply(foreign, spec)["seeds"][2] == 10**9  # left to foreign_seed, which names it
+
+
+def test_a_replica_loaded_with_the_sent_model_goes_on_replaying_to_the_same_bits() -> None:
+    # Prepare: the server's replica at version 2 (what it sends when the model is cheaper)
+    server, client = tiny_module(), tiny_module(seed=1)
+    server_replica = replica_of(server)
+    server_replica.catch_up(0, HISTORY[:2])
+
+    # Execute: another process takes the model of version 2, then replays round 3
+    client_replica = replica_of(client)
+    client_replica.load(server_replica.arrays(), version=2)
+    client_replica.catch_up(2, HISTORY[2:])
+    server_replica.catch_up(2, HISTORY[2:])
+
+    # Assert
+    assert same_bits(client, server) and client_replica.version == 3

@@ -4,6 +4,7 @@ that come back, append their per-seed mean to the history. The history is the wh
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,12 +34,14 @@ HISTORY_FILE = "fedkseed-history.npz"
 
 def reply_spec(seeds: np.ndarray, norm_bound: float | None, client_sizes: Mapping[str, int]) -> ReplySpec:
     """A valid reply: the round's ``seeds`` ``[K]`` int64 and exactly K finite float64 ``scalars`` (their
-    norm, the update's, within ``norm_bound``), and the statistics of every fit reply."""
-    return ReplySpec.like(
-        {"seeds": seeds, "scalars": np.zeros(len(seeds))},
-        scalars=REPLY_SCALARS,
+    norm, the update's, within ``norm_bound``), and the statistics of every fit reply. The update is the
+    scalars alone: the seeds are ids, checked for equality (``maths.foreign_seed``), not measured."""
+    like = ReplySpec.like({"seeds": seeds, "scalars": np.zeros(len(seeds))}, scalars=REPLY_SCALARS)
+    return replace(
+        like,
         norm_bound=norm_bound,
-        example_limits=client_sizes,
+        reference={"scalars": np.zeros(len(seeds))},
+        example_limits=dict(client_sizes),
     )
 
 
