@@ -37,6 +37,8 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedadam": ("fedadam", ()),
     "fedyogi": ("fedyogi", ()),
     "fedadagrad": ("fedadagrad", ()),
+    "fedkseed": ("fedkseed", ()),
+    "fedkseed-importance": ("fedkseed", ("fedkseed.sampling=importance",)),
 }
 
 # Wall-clock and memory readings differ from run to run; everything else is pinned.

@@ -110,7 +110,7 @@ SETTINGS = {
 }
 """FedPT's distillation on public data moves the adapter after the release (post-processing, allowed);
 without it the released adapter is the mechanism's output itself, which the test bounds."""
-STATE = {"fedpft": "global_state"}
+STATE = {"fedpft": "global_state", "fedkseed": "released"}
 
 
 @pytest.mark.parametrize("algorithm", SUPPORTED)
