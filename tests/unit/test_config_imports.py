@@ -41,8 +41,9 @@ def test_validating_each_methods_config_imports_only_its_config_module() -> None
     allowed = {"fedtune.algorithms"} | {
         f"fedtune.algorithms.{n}{part}" for n in names for part in ("", ".config")
     }
-    # FedAdam's, FedYogi's and FedAdagrad's sections subclass one base in fedopt's config module.
-    allowed |= {"fedtune.algorithms.fedopt", "fedtune.algorithms.fedopt.config"}
+    # Shared config bases: FedAdam's, FedYogi's and FedAdagrad's sections subclass fedopt's; HetLoRA's and
+    # FlexLoRA's hetrank's.
+    allowed |= {f"fedtune.algorithms.{shared}{part}" for shared in ("fedopt", "hetrank") for part in ("", ".config")}
     for name in names:
         assert f"fedtune.algorithms.{name}.config" in loaded[name]
         assert set(loaded[name]) <= allowed, f"validating {name} imported {set(loaded[name]) - allowed}"
