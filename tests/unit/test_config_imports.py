@@ -43,7 +43,9 @@ def test_validating_each_methods_config_imports_only_its_config_module() -> None
     }
     # Shared config bases: FedAdam's, FedYogi's and FedAdagrad's sections subclass fedopt's; HetLoRA's and
     # FlexLoRA's hetrank's.
-    allowed |= {f"fedtune.algorithms.{shared}{part}" for shared in ("fedopt", "hetrank") for part in ("", ".config")}
+    allowed |= {
+        f"fedtune.algorithms.{shared}{part}" for shared in ("fedopt", "hetrank") for part in ("", ".config")
+    }
     for name in names:
         assert f"fedtune.algorithms.{name}.config" in loaded[name]
         assert set(loaded[name]) <= allowed, f"validating {name} imported {set(loaded[name]) - allowed}"
