@@ -26,6 +26,13 @@ SLOW_ON_SHARED_BACKENDS = {
 """Methods whose Flower and Ray equality runs (a minute and 10-25 s a method) are in the slow tier only:
 each runs the same client code and messages as a method that stays in the default tier."""
 
+SLOW_ON_FLOWER = {
+    "fedadam": "FedAvgM's client task and messages (FedIT's adapter fit); its Ray run stays",
+    "flexlora": "adapters at per-client shapes, as FedMKT's per-client messages; its Ray run stays",
+}
+"""Methods whose Flower equality run (1.5-3 minutes on two busy cores) is in the slow tier only: the Flower
+codec maps any payload one-to-one, and another method in the default tier sends messages of the same kind."""
+
 
 # With beta1 = 0 and tau far above every |Delta|, an adaptive step is Delta * server_lr / (sqrt(v) + tau):
 # Delta itself (to |Delta| / tau) when server_lr is tau for FedAdam with beta2 = 0 (sqrt(v) = |Delta|)
@@ -38,10 +45,11 @@ ADAPTIVE_STEP_IS_THE_RELEASE = {
 }
 
 
-def default_tier(algorithms: Iterable[str]) -> list[Any]:
-    """``algorithms`` as pytest parameters, those in ``SLOW_ON_SHARED_BACKENDS`` marked slow."""
-    slow = pytest.mark.slow
-    return [pytest.param(a, marks=slow) if a in SLOW_ON_SHARED_BACKENDS else a for a in algorithms]
+def default_tier(algorithms: Iterable[str], *, also_slow: Iterable[str] = ()) -> list[Any]:
+    """``algorithms`` as pytest parameters, those in ``SLOW_ON_SHARED_BACKENDS`` (or ``also_slow``) marked
+    slow."""
+    slow, later = pytest.mark.slow, {*SLOW_ON_SHARED_BACKENDS, *also_slow}
+    return [pytest.param(a, marks=slow) if a in later else a for a in algorithms]
 
 
 def tiny_config(algorithm: str, *overrides: str) -> ExperimentConfig:

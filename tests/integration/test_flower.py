@@ -23,7 +23,7 @@ from fedtune.fl.checkpoint import latest_checkpoint, load_checkpoint
 from fedtune.flower.local import LocalDeployment
 from tests.integration import flower_hooks
 from tests.integration.flower_support import assert_close, flower_run, rows
-from tests.integration.helpers import ROOT, default_tier, quiet_runner, stable, tiny_config
+from tests.integration.helpers import ROOT, SLOW_ON_FLOWER, default_tier, quiet_runner, stable, tiny_config
 
 TWO_CLIENTS = ("data.partition.num_clients=2",)
 HOOKS = "tests.integration.flower_hooks"
@@ -206,7 +206,8 @@ def test_fedpft_neuron_distillation_on_flower_equals_in_process(
 # FedIT and FedBiOT have their own, longer Flower tests above; every other algorithm runs here (those
 # in helpers.SLOW_ON_SHARED_BACKENDS in the slow tier only).
 @pytest.mark.parametrize(
-    "algorithm", default_tier(a for a in algorithm_names() if a not in ("fedit", "fedbiot"))
+    "algorithm",
+    default_tier((a for a in algorithm_names() if a not in ("fedit", "fedbiot")), also_slow=SLOW_ON_FLOWER),
 )
 def test_every_algorithm_on_flower_equals_in_process(
     algorithm: str, deployment: LocalDeployment, tmp_path: Path
