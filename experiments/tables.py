@@ -92,6 +92,7 @@ __all__ = [
     "seeds_holding",
     "seeds_text",
     "sibling",
+    "stamp_of",
     "start",
     "table_parser",
     "trained_rows",
@@ -628,6 +629,13 @@ class Recorded:
 
 
 Renderer = Callable[[Recorded], str]
+
+
+def stamp_of(recorded: Recorded) -> str | None:
+    """The time the .md beside the results file says it was made (after its command); None for none."""
+    head = f"`{recorded.command}` — "
+    line = next((line for line in recorded.markdown.splitlines() if line.startswith(head)), None)
+    return None if line is None else line.removeprefix(head)
 
 
 def run_notes(markdown: str) -> str:

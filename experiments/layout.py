@@ -1,0 +1,46 @@
+"""A table's markdown layout, declared: a list of `Column`, each a header and how a row becomes its cell;
+`table` lays rows out under them. A script names its columns once and fills them from its results,
+instead of building a header list and, apart from it, each row's cells in the same order.
+
+    columns = [Column("method", lambda r: LABELS[r.key]), Column("seeds", lambda r: r.seeds)]
+    text = table(columns, rows)
+
+A column that stands for several (one per test set, one per model) is a list comprehension of
+`Column`. The formatters (`number`, `mean_std`; `experiments.tables.cell` for values by seed) are the cells
+the tables share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from experiments.tables import markdown_table, plus_minus
+
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True)
+class Column(Generic[Row]):
+    """A column of a table: its ``header``, and ``cell``, what a row shows under it (written as ``str()``
+    of it: a formatter says how many digits a number gets)."""
+
+    header: str
+    cell: Callable[[Row], Any]
+
+
+def table(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> str:
+    """The markdown table of ``rows`` under ``columns``: a header line, its rule, a line per row."""
+    cells = [[str(column.cell(row)) for column in columns] for row in rows]
+    return markdown_table([column.header for column in columns], cells)
+
+
+def number(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    """``value`` to ``digits`` decimals with ``suffix``; ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def mean_std(metrics: Mapping[str, Any], key: str, digits: int = 4) -> str:
+    """``metrics[key]``, ``± metrics[key_std]`` where there is one; ``-`` where there is no ``key``."""
+    return plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
