@@ -123,26 +123,6 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
     return plots.save_figure(figure, path)
 
 
-def keep_earlier_rounds(by_round: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> list[str]:
-    """Fill ``by_round`` (round -> column -> seed -> value) with every round of each seed asked for that has
-    no finished FedMKT run here but values in ``earlier`` (the rounds file's previous results); return
-    the seeds so kept. A seed is kept whole or not at all: its rounds never mix two runs."""
-    here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
-    kept = set()
-    wanted = [seed for seed in map(str, seeds) if seed not in here]
-    for rnd, cells in earlier.items():
-        if not isinstance(cells, dict):
-            continue
-        for column, by_seed in cells.items():
-            if not isinstance(by_seed, dict):
-                continue
-            for seed in wanted:
-                if seed in by_seed:
-                    by_round.setdefault(rnd, {}).setdefault(column, {})[seed] = float(by_seed[seed])
-                    kept.add(seed)
-    return sorted(kept, key=int)
-
-
 def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
     """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (with
     ``--keep-earlier``, and of the seeds asked for whose runs are elsewhere, from the previous file)."""
@@ -154,7 +134,11 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
         for setting in args.settings:
             key = f"{dataset}-{setting}"
             by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
-            kept = keep_earlier_rounds(by_round, earlier.get(key, {}), args.seeds)
+            # a seed is kept whole or not at all: its rounds never mix two runs
+            here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
+            wanted = [seed for seed in map(str, args.seeds) if seed not in here]
+            by_group = tables.fill_cells(by_round, earlier.get(key, {}), wanted)
+            kept = sorted({seed for seeds in by_group.values() for seed in seeds}, key=int)
             if kept:
                 carried[key] = kept
             if by_round:

@@ -232,26 +232,6 @@ def collect(
     return table
 
 
-def keep_earlier(table: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> dict[str, list[str]]:
-    """Fill ``table`` with the seeds asked for that have no finished run here but a value in ``earlier``
-    (the same table's previous results), cell by cell; return row -> the seeds so kept."""
-    carried: dict[str, set[str]] = {}
-    for row, columns in earlier.items():
-        if row not in LABELS or not isinstance(columns, dict):
-            continue
-        for column, by_seed in columns.items():
-            here = table.setdefault(row, {}).setdefault(column, {})
-            for seed in map(str, seeds):
-                if seed not in here and seed in by_seed:
-                    here[seed] = float(by_seed[seed])
-                    carried.setdefault(row, set()).add(seed)
-            if not here:
-                del table[row][column]
-        if not table[row]:
-            del table[row]
-    return {row: sorted(found, key=int) for row, found in carried.items()}
-
-
 def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
     """The paper's orderings on the means, and on each seed that has every row involved."""
 
@@ -321,7 +301,7 @@ def tabulate(
             key = f"{dataset}-{setting}"
             table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset))
             if earlier is not None:
-                kept = keep_earlier(table, earlier.get(key, {}), seeds)
+                kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
                 if kept:
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting

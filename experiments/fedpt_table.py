@@ -109,11 +109,7 @@ def earlier_seed(entry: dict[str, Any] | None, seed: str) -> dict[str, Any] | No
     evaluation = entry["eval"]
     if entry["training_seeds"] == [seed]:
         return dict(evaluation)
-    return {
-        key.removesuffix("_by_seed"): values[seed]  # alpha_by_seed -> alpha, rougeL_by_seed -> rougeL
-        for key, values in evaluation.items()
-        if key.endswith("_by_seed") and seed in values
-    }
+    return tables.seed_slice(evaluation, seed)  # alpha_by_seed -> alpha, rougeL_by_seed -> rougeL
 
 
 def tabulate(

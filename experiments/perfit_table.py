@@ -109,8 +109,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         return out
     for key in (METRIC, f"{METRIC}_weighted", ROUGE):
         values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
-        before = earlier.get(f"{key}_by_seed", {})
-        values.update({seed: before[seed] for seed in carried if seed in before})
+        tables.fill_seeds(values, earlier.get(f"{key}_by_seed", {}), carried)
         out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried

@@ -62,6 +62,8 @@ __all__ = [
     "dropped_values",
     "earlier_rejections",
     "earlier_results",
+    "fill_cells",
+    "fill_seeds",
     "finals",
     "finished_rows",
     "keep_earlier_rows",
@@ -88,6 +90,7 @@ __all__ = [
     "run_notes",
     "seed_dirs",
     "seed_of",
+    "seed_slice",
     "seed_values",
     "seeds_holding",
     "seeds_text",
@@ -467,6 +470,51 @@ def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[st
     return kept
 
 
+def fill_seeds(here: dict[str, float], earlier: Mapping[str, Any], wanted: Iterable[str]) -> list[str]:
+    """The one way a table keeps an earlier seed: add to ``here`` (seed -> value, read from runs here)
+    each seed of ``wanted`` it lacks that ``earlier`` (seed -> value, from the previous results file)
+    has; a seed here is never replaced. Returns the seeds so added, in ``wanted``'s order."""
+    added = [seed for seed in wanted if seed not in here and seed in earlier]
+    here.update({seed: float(earlier[seed]) for seed in added})
+    return added
+
+
+def fill_cells(
+    here: dict[str, dict[str, dict[str, float]]],
+    earlier: Mapping[str, Any],
+    wanted: Iterable[str],
+    groups: Iterable[str] | None = None,
+) -> dict[str, list[str]]:
+    """`fill_seeds` over a table kept as group -> column -> seed -> value (a row's cells, a round's):
+    every cell of ``earlier`` (of the groups named in ``groups``; default all) fills the same cell of
+    ``here``, created where the seeds it adds are its first. Returns group -> the seeds so added (in
+    numeric order; groups that added none left out)."""
+    asked, named = list(wanted), None if groups is None else set(groups)
+    kept: dict[str, set[str]] = {}
+    for group, cells in earlier.items():
+        if (named is not None and group not in named) or not isinstance(cells, dict):
+            continue
+        for column, by_seed in cells.items():
+            if not isinstance(by_seed, dict):
+                continue
+            cell = dict(here.get(group, {}).get(column, {}))
+            added = fill_seeds(cell, by_seed, asked)
+            if added:
+                here.setdefault(group, {})[column] = cell
+                kept.setdefault(group, set()).update(added)
+    return {group: sorted(seeds, key=int) for group, seeds in kept.items()}
+
+
+def seed_slice(values: Mapping[str, Any], seed: str) -> dict[str, Any]:
+    """One seed's values out of a results entry: ``<key>_by_seed[seed]`` as ``key``, for each such key
+    that has the seed (the reader for a seed kept from a file that recorded several)."""
+    return {
+        key.removesuffix("_by_seed"): by_seed[seed]
+        for key, by_seed in values.items()
+        if key.endswith("_by_seed") and isinstance(by_seed, dict) and seed in by_seed
+    }
+
+
 def keep_earlier_seeds(
     results: dict[str, dict[str, Any]], stem: Path, wanted: Iterable[int | str], skip: Iterable[str] = ()
 ) -> dict[str, list[str]]:
@@ -488,9 +536,9 @@ def keep_earlier_seeds(
             if not name.endswith("_by_seed") or not isinstance(values, dict):
                 continue
             here = dict(result.get(name, {}))
-            extra = {seed: values[seed] for seed in asked if seed in values and seed not in here}
+            extra = fill_seeds(here, values, asked)
             if extra:
-                result |= over_seeds(name.removesuffix("_by_seed"), here | extra)
+                result |= over_seeds(name.removesuffix("_by_seed"), here)
                 taken |= set(extra)
         if taken:
             everyone = {seed for name, v in result.items() if name.endswith("_by_seed") for seed in v}
