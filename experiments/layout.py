@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from experiments.tables import markdown_table, plus_minus
+from experiments.tables import cell, markdown_table, plus_minus
 
 Row = TypeVar("Row")
 
@@ -44,3 +44,12 @@ def number(value: float | None, digits: int = 2, suffix: str = "") -> str:
 def mean_std(metrics: Mapping[str, Any], key: str, digits: int = 4) -> str:
     """``metrics[key]``, ``± metrics[key_std]`` where there is one; ``-`` where there is no ``key``."""
     return plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
+
+
+def seeds_cell(result: Mapping[str, Any], key: str, scale: float = 1.0, seeds: int = 0) -> str:
+    """``result``'s values of ``key`` by seed as mean ± std (`experiments.tables.cell`) times ``scale``,
+    with ``(n=<its seeds>)`` where a row has other than the table's ``seeds`` (0: never); ``-`` without."""
+    if key not in result:
+        return "-"
+    count = f" (n={result['seeds']})" if seeds and result.get("seeds") != seeds else ""
+    return cell(result[f"{key}_by_seed"], 2, scale) + count

@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import tables
+from experiments import layout, tables
 from experiments.perfit_masks import mask_plot, overlap_lines
 
 OWN = ["perfit.start=own", "perfit.alpha=lora"]
@@ -205,36 +205,22 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
     return lines
 
 
+Entry = tuple[str, dict[str, Any]]  # a row-partition key and its results
+COLUMNS: list[layout.Column[Entry]] = [
+    layout.Column("method", lambda entry: LABELS[entry[0].rsplit("-", 1)[0]]),
+    layout.Column("partition", lambda entry: entry[0].rsplit("-", 1)[1]),
+    layout.Column("ppl before", lambda entry: f"{entry[1].get('before', float('nan')):.2f}"),
+    layout.Column("personal ppl", lambda entry: _cell(entry[1], METRIC)),
+    layout.Column("weighted", lambda entry: _cell(entry[1], f"{METRIC}_weighted")),
+    layout.Column("personal Rouge-L x 100", lambda entry: _cell(entry[1], ROUGE, 100.0)),
+    layout.Column("MB up/round", lambda entry: layout.number(entry[1]["mb_up_per_round"])),
+    layout.Column("MB down/round", lambda entry: layout.number(entry[1]["mb_down_per_round"])),
+    layout.Column("seeds", lambda entry: entry[1]["seeds"]),
+]
+
+
 def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str], command: str) -> str:
-    rows = []
-    for key, result in results.items():
-        if not result.get("seeds"):
-            continue
-        row, part = key.rsplit("-", 1)
-        rows.append(
-            [
-                LABELS[row],
-                part,
-                f"{result.get('before', float('nan')):.2f}",
-                _cell(result, METRIC),
-                _cell(result, f"{METRIC}_weighted"),
-                _cell(result, ROUGE, 100.0),
-                f"{result['mb_up_per_round']:.2f}",
-                f"{result['mb_down_per_round']:.2f}",
-                str(result["seeds"]),
-            ]
-        )
-    headers = [
-        "method",
-        "partition",
-        "ppl before",
-        "personal ppl",
-        "weighted",
-        "personal Rouge-L x 100",
-        "MB up/round",
-        "MB down/round",
-        "seeds",
-    ]
+    rows = [(key, result) for key, result in results.items() if result.get("seeds")]
     return "\n".join(
         [
             f"# {cfg.name}: personalised perplexity (lower is better)",
@@ -244,7 +230,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             f"`{command}`",
             "",
-            tables.markdown_table(headers, rows),
+            layout.table(COLUMNS, rows),
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),
