@@ -44,8 +44,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import layout, plots, tables
+from experiments import plots, tables
 from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
+from experiments.tables import layout
 
 # The baselines distil their emulator with their own objective, not FedBiOT's eq. (2): Offsite-tuning's
 # (and FederatedScope's FedOT) is a relative hidden-state MSE plus the LM loss. fedtune has the MSE

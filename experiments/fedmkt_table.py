@@ -49,7 +49,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import layout, plots, tables
+from experiments import plots, tables
+from experiments.tables import layout
 
 DATASETS: dict[str, list[str]] = {
     "wic": ["data.dataset=wordnet-wic"],

@@ -40,7 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import layout, plots, tables
+from experiments import plots, tables
+from experiments.tables import layout
 
 ROWS: dict[str, list[str]] = {
     "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],

@@ -10,8 +10,9 @@ from typing import Any
 
 from bench.common import now
 
-from experiments import layout, plots, tables
+from experiments import plots, tables
 from experiments.fedpt_table import LABELS, run_overrides, test_sets
+from experiments.tables import layout
 
 STUDY_METHODS = ("fedavg_small", "fedpt")
 

@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import now
 
-from experiments import layout, tables
+from experiments import tables
 from experiments.fedpt_memory import measure_client
+from experiments.tables import layout
 
 METHODS: dict[str, list[str]] = {
     "fedavg_small": ["algorithm=fedit", "fedpt=null"],

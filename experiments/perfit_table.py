@@ -43,8 +43,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import layout, tables
+from experiments import tables
 from experiments.perfit_masks import mask_plot, overlap_lines
+from experiments.tables import layout
 
 OWN = ["perfit.start=own", "perfit.alpha=lora"]
 ROWS: dict[str, list[str]] = {

@@ -1,4 +1,4 @@
-"""experiments/tables.py, the table machine: rows and seeds, aggregation over seeds, claims and their
+"""experiments/tables/, the table machine: rows and seeds, aggregation over seeds, claims and their
 verdicts, the notes that close a table, and re-rendering a table's markdown from its results file."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from experiments import layout, tables
+from experiments import tables
+from experiments.tables import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test" / "perfit-tiny.yaml"

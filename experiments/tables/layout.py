@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from experiments.tables import cell, markdown_table, plus_minus
+from bench.common import markdown_table
+
+from experiments.tables.aggregate import cell, plus_minus
 
 Row = TypeVar("Row")
 
