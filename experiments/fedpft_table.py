@@ -172,10 +172,7 @@ def _params(result: dict[str, Any]) -> str:
     return f"{params['client_params'] / 1e6:.1f}M of {params['full_params'] / 1e6:.1f}M"
 
 
-Entry = tuple[str, dict[str, Any]]  # a row-dataset-partition key and its results
-
-
-COLUMNS: list[layout.Column[Entry]] = [
+COLUMNS: list[layout.Column[layout.Entry]] = [
     layout.Column("method", lambda entry: LABELS[entry[0].split("-")[0]]),
     layout.Column("data", lambda entry: entry[0].split("-")[1]),
     layout.Column("partition", lambda entry: entry[0].split("-")[2]),
@@ -183,13 +180,13 @@ COLUMNS: list[layout.Column[Entry]] = [
         "accuracy",
         lambda e: tables.cell(e[1]["accuracy_by_seed"], 1) + (" (one class)" if e[1]["constant"] else ""),
     ),
-    layout.Column("macro-F1", lambda entry: tables.cell(entry[1]["macro_f1_by_seed"], 1)),
-    layout.Column("sub-model acc.", lambda entry: tables.cell(entry[1]["sub/accuracy_by_seed"], 1)),
+    layout.over_seeds("macro-F1", "macro_f1"),
+    layout.over_seeds("sub-model acc.", "sub/accuracy"),
     layout.Column("client holds", lambda entry: _params(entry[1])),
-    layout.Column("peak RSS MB (sim.)", lambda entry: layout.number(entry[1]["peak_rss_mb"], 0)),
-    layout.Column("MB down/round", lambda entry: layout.number(entry[1]["mb_down_per_round"], 1)),
-    layout.Column("MB up/round", lambda entry: layout.number(entry[1]["mb_up_per_round"])),
-    layout.Column("seeds", lambda entry: entry[1]["seeds"]),
+    layout.value("peak RSS MB (sim.)", "peak_rss_mb", 0),
+    layout.value("MB down/round", "mb_down_per_round", 1),
+    layout.value("MB up/round", "mb_up_per_round"),
+    layout.SEEDS,
 ]
 
 

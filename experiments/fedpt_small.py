@@ -86,7 +86,7 @@ def small_model_study(args: Any, cfg: Any, command: str) -> None:
 def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
     """The small-model study's table; ``stamp``: the time it was made (None: now)."""
     large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small")
-    columns: list[layout.Column[Entry]] = [
+    columns: list[layout.Column[layout.Entry]] = [
         layout.Column("client model", lambda row: row[0]),
         layout.Column("layers", lambda row: str(row[1]["layers"])),
         layout.Column("held-out ppl", lambda row: layout.number(row[1]["held_out_ppl"], 1)),
@@ -128,14 +128,11 @@ def _gap(fedpt: dict[str, Any], large: dict[str, Any] | None, key: str) -> str:
     return "-" if not large or key not in fedpt else f"{fedpt[key] - large[key]:+.4f}"
 
 
-Entry = tuple[str, dict[str, Any]]  # a client model and its study entry
-
-
-def _of(row: Entry, method: str) -> dict[str, Any]:
+def _of(row: layout.Entry, method: str) -> dict[str, Any]:
     return dict(row[1].get(method, {}))
 
 
-def _plain(row: Entry, method: str, key: str) -> str:
+def _plain(row: layout.Entry, method: str, key: str) -> str:
     return layout.number(_of(row, method).get(key))
 
 

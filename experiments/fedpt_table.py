@@ -169,17 +169,16 @@ def tabulate(
 
 
 ORDER = ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt")
-Entry = tuple[str, dict[str, Any]]  # a method and its results
 
 
-def columns(sets: list[tuple[str, str]]) -> list[layout.Column[Entry]]:
+def columns(sets: list[tuple[str, str]]) -> list[layout.Column[layout.Entry]]:
     """The table's columns: the client model, its memory and traffic, Rouge-L per test set, Dist-n, test
     perplexity per test set."""
 
     def memory(res: dict[str, Any]) -> dict[str, float]:
         return res.get("memory") or {}
 
-    def metric(header: str, key: str, digits: int = 4) -> layout.Column[Entry]:
+    def metric(header: str, key: str, digits: int = 4) -> layout.Column[layout.Entry]:
         return layout.Column(header, lambda entry: layout.mean_std(entry[1]["eval"], key, digits))
 
     return [
@@ -259,14 +258,14 @@ def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list
     """Each method's Rouge-L per training seed, a column per seed and test set."""
     seeds = sorted({s for res in results.values() for s in res.get("training_seeds", [])}, key=int)
 
-    def rouge(label: str, prefix: str, seed: str) -> layout.Column[Entry]:
-        def cell(entry: Entry) -> str:
+    def rouge(label: str, prefix: str, seed: str) -> layout.Column[layout.Entry]:
+        def cell(entry: layout.Entry) -> str:
             by_seed = entry[1]["eval"].get(f"{prefix}rougeL_by_seed", {})
             return f"{by_seed[seed]:.4f}" if seed in by_seed else "-"
 
         return layout.Column(f"{label} s{seed}", cell)
 
-    columns: list[layout.Column[Entry]] = [layout.Column("method", lambda entry: LABELS[entry[0]])]
+    columns: list[layout.Column[layout.Entry]] = [layout.Column("method", lambda entry: LABELS[entry[0]])]
     columns += [rouge(label, prefix, seed) for label, prefix in sets for seed in seeds]
     return layout.table(columns, [(m, results[m]) for m in ORDER if m in results]).splitlines()
 

@@ -206,17 +206,16 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
     return lines
 
 
-Entry = tuple[str, dict[str, Any]]  # a row-partition key and its results
-COLUMNS: list[layout.Column[Entry]] = [
+COLUMNS: list[layout.Column[layout.Entry]] = [
     layout.Column("method", lambda entry: LABELS[entry[0].rsplit("-", 1)[0]]),
     layout.Column("partition", lambda entry: entry[0].rsplit("-", 1)[1]),
     layout.Column("ppl before", lambda entry: f"{entry[1].get('before', float('nan')):.2f}"),
     layout.Column("personal ppl", lambda entry: _cell(entry[1], METRIC)),
     layout.Column("weighted", lambda entry: _cell(entry[1], f"{METRIC}_weighted")),
     layout.Column("personal Rouge-L x 100", lambda entry: _cell(entry[1], ROUGE, 100.0)),
-    layout.Column("MB up/round", lambda entry: layout.number(entry[1]["mb_up_per_round"])),
-    layout.Column("MB down/round", lambda entry: layout.number(entry[1]["mb_down_per_round"])),
-    layout.Column("seeds", lambda entry: entry[1]["seeds"]),
+    layout.value("MB up/round", "mb_up_per_round"),
+    layout.value("MB down/round", "mb_down_per_round"),
+    layout.SEEDS,
 ]
 
 

@@ -21,6 +21,7 @@ from bench.common import markdown_table
 from experiments.tables.aggregate import cell, plus_minus
 
 Row = TypeVar("Row")
+Entry = tuple[str, dict[str, Any]]  # the row most tables lay out: a results key and its values
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,16 @@ def seeds_cell(result: Mapping[str, Any], key: str, scale: float = 1.0, seeds: i
         return "-"
     count = f" (n={result['seeds']})" if seeds and result.get("seeds") != seeds else ""
     return cell(result[f"{key}_by_seed"], 2, scale) + count
+
+
+def value(header: str, key: str, digits: int = 2) -> Column[Entry]:
+    """A column of an `Entry`'s ``key``, to ``digits`` decimals."""
+    return Column(header, lambda entry: number(entry[1][key], digits))
+
+
+def over_seeds(header: str, key: str, digits: int = 1, scale: float = 1.0) -> Column[Entry]:
+    """A column of an `Entry`'s ``<key>_by_seed`` as mean ± std (`experiments.tables.cell`)."""
+    return Column(header, lambda entry: cell(entry[1][f"{key}_by_seed"], digits, scale))
+
+
+SEEDS: Column[Entry] = Column("seeds", lambda entry: entry[1]["seeds"])

@@ -119,6 +119,17 @@ def test_a_declared_layout_lays_rows_out_under_its_columns() -> None:
     assert layout.table(columns, []) == "| row | acc | ppl | seeds |\n|---|---|---|---|"
 
 
+def test_the_shared_columns_read_a_results_entry() -> None:
+    results = {"fit-iid": {"mb_up": 1.234, "acc_by_seed": {"0": 50.0, "1": 70.0}, "seeds": 2}}
+    columns = [layout.value("MB up", "mb_up", 1), layout.over_seeds("acc", "acc", scale=0.5), layout.SEEDS]
+    assert layout.table(columns, results.items()).splitlines()[2] == "| 1.2 | 30.0 ± 5.0 | 2 |"
+    one_seed = {"seeds": 1, "acc": 0.5, "acc_by_seed": {"0": 0.5}}
+    assert layout.seeds_cell(one_seed, "acc", 100, seeds=3) == "50.00 (n=1)"
+    assert (
+        layout.seeds_cell(one_seed, "acc", 100, seeds=1) == layout.seeds_cell(one_seed, "acc", 100) == "50.00"
+    )
+
+
 def test_an_earlier_seed_fills_only_cells_and_seeds_asked_for_that_have_no_run_here() -> None:
     # Prepare: seed 1 ran here; the previous file has seeds 0, 1 and 7, and a group not asked for
     here = {"fedmkt": {"llm": {"1": 0.6}}}
