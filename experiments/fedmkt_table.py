@@ -380,40 +380,41 @@ def markdown(
 def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     """One panel per dataset and setting: per row the LLM's and each SLM's score, mean ± std as a marker
     with whiskers and each seed as a faint dot (differences are a few points: bars would hide them)."""
-    panels = [key for key in results if key != "carried"]
-    if not panels:
-        return None
-    figure, axes, first = plots.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     markers = ["o", "s", "^", "D", "v"]
-    for ax, key in zip(axes, panels, strict=True):
+    panels = []
+    for key in (key for key in results if key != "carried"):
         table = results[key]
         rows = [row for row in LABELS if row in table]
         shown = [m for m in models if any(m in table[row] for row in rows)]
-        for index, model in enumerate(shown):
-            shift = (index - (len(shown) - 1) / 2) * 0.16
-            columns = [[100 * v for v in table[row].get(model, {}).values()] for row in rows]
-            plots.seed_markers(
-                ax,
-                [x + shift for x in range(len(rows))],
-                columns,
-                colour=COLOURS[index % len(COLOURS)],
-                marker=markers[index % len(markers)],
-                label="LLM" if model == "llm" else model,
+        series = [
+            plots.Series(
+                "LLM" if model == "llm" else model,
+                COLOURS[index % len(COLOURS)],
+                markers[index % len(markers)],
+                (index - (len(shown) - 1) / 2) * 0.16,
+                [[100 * v for v in table[row].get(model, {}).values()] for row in rows],
             )
-        ax.set_xticks(range(len(rows)), [LABELS[row] for row in rows], fontsize=7.5)
-        ax.set_xlim(-0.5, len(rows) - 0.5)
+            for index, model in enumerate(shown)
+        ]
         counts = sorted({len(v) for row in rows for v in table[row].values()})
         # the shared centralized rows may have more seeds than the setting's own
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         dataset, setting = key.rsplit("-", 1)
-        ax.set_title(f"{dataset}, {setting} ({tables.seeds_text(seeds)})", fontsize=9)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7, frameon=False)
-    for ax in first:
-        ax.set_ylabel("score x 100 (acc or Rouge-L)")
-    plots.suptitle(figure, f"{cfg.name}: mean ± std over seeds; faint dots: each seed")
-    return plots.save_figure(figure, path)
+        title = f"{dataset}, {setting} ({tables.seeds_text(seeds)})"
+        panels.append(plots.Panel(title, [LABELS[row] for row in rows], series))
+    if not panels:
+        return None
+    return plots.seed_panels(
+        panels,
+        width=4.6,
+        height=3.4,
+        margin=0.8,
+        ylabel="score x 100 (acc or Rouge-L)",
+        title=f"{cfg.name}: mean ± std over seeds; faint dots: each seed",
+        path=path,
+        legend_in_panels=True,
+    )
 
 
 def render_table(recorded: tables.Recorded) -> str:

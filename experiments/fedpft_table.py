@@ -234,38 +234,32 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     def shown(method: str, suffix: str) -> bool:
         return bool(results.get(f"{method}-{suffix}", {}).get("seeds"))
 
-    panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
-    if not panels:
-        return None
-    figure, axes, first = plots.panel_grid(len(panels), 4.2, 3.4)
     series = (
         ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
         ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
     )
-    for ax, suffix in zip(axes, panels, strict=True):
-        methods = [m for m in LABELS if shown(m, suffix)]
-        for key, shift, colour, marker, label in series:
-            columns = [results[f"{m}-{suffix}"].get(f"{key}_by_seed", {}).values() for m in methods]
-            xs = [i + shift for i in range(len(methods))]
-            plots.seed_markers(ax, xs, columns, colour=colour, marker=marker, label=label)
-        ax.set_xticks(range(len(methods)), [SHORT[m] for m in methods], fontsize=7.5)
-        ax.set_xlim(-0.5, len(methods) - 0.5)
-        seeds = max(results[f"{m}-{suffix}"]["seeds"] for m in methods)
-        one_class = all(results[f"{m}-{suffix}"]["constant"] for m in methods)
+    panels = []
+    for suffix in (s for s in suffixes if any(shown(m, s) for m in LABELS)):
+        rows = [results[f"{m}-{suffix}"] for m in LABELS if shown(m, suffix)]
+        one_class = ": every model predicts one class" if all(r["constant"] for r in rows) else ""
         dataset, part = suffix.split("-")
-        ax.set_title(
-            f"{dataset}, {part} ({tables.seeds_text(seeds)})"
-            + (": every model predicts one class" if one_class else ""),
-            fontsize=9,
+        seeds = tables.seeds_text(max(r["seeds"] for r in rows))
+        panels.append(
+            plots.Panel(
+                f"{dataset}, {part} ({seeds}){one_class}",
+                [SHORT[m] for m in LABELS if shown(m, suffix)],
+                [
+                    plots.Series(
+                        label, colour, marker, shift, [r.get(f"{key}_by_seed", {}).values() for r in rows]
+                    )
+                    for key, shift, colour, marker, label in series
+                ],
+            )
         )
-        ax.grid(True, axis="y", alpha=0.3)
-    for ax in first:
-        ax.set_ylabel("accuracy (%)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    if not panels:
+        return None
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
-    plots.suptitle(figure, title)
-    return plots.save_figure(figure, path)
+    return plots.seed_panels(panels, width=4.2, height=3.4, ylabel="accuracy (%)", title=title, path=path)
 
 
 def main(argv: list[str] | None = None) -> None:
