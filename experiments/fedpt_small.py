@@ -93,16 +93,7 @@ def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | Non
         layout.Column("FedAvg (small) test ppl", lambda row: _plain(row, "fedavg_small", "perplexity")),
     ]
     for label, prefix in test_sets(cfg):
-        key = prefix + "rougeL"
-        columns += [
-            layout.Column(
-                f"FedAvg (small) {label}", lambda row, k=key: layout.mean_std(_of(row, "fedavg_small"), k)
-            ),
-            layout.Column(f"FedPT {label}", lambda row, k=key: layout.mean_std(_of(row, "fedpt"), k)),
-            layout.Column(
-                f"FedPT - FedAvg (large) {label}", lambda row, k=key: _gap(_of(row, "fedpt"), large, k)
-            ),
-        ]
+        columns += _rouge_columns(label, prefix + "rougeL", large)
     columns += [
         layout.Column("FedPT test ppl", lambda row: _plain(row, "fedpt", "perplexity")),
         layout.Column("alpha", lambda row: str(_of(row, "fedpt").get("alpha", "-"))),
@@ -122,6 +113,15 @@ def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | Non
             layout.table(columns, results.items()),
         ]
     )
+
+
+def _rouge_columns(label: str, key: str, large: dict[str, Any] | None) -> list[layout.Column[layout.Entry]]:
+    """A test set's Rouge-L of FedAvg (small) and FedPT, and FedPT's gap to FedAvg (large)."""
+    return [
+        layout.Column(f"FedAvg (small) {label}", lambda row: layout.mean_std(_of(row, "fedavg_small"), key)),
+        layout.Column(f"FedPT {label}", lambda row: layout.mean_std(_of(row, "fedpt"), key)),
+        layout.Column(f"FedPT - FedAvg (large) {label}", lambda row: _gap(_of(row, "fedpt"), large, key)),
+    ]
 
 
 def _gap(fedpt: dict[str, Any], large: dict[str, Any] | None, key: str) -> str:
