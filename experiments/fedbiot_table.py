@@ -15,10 +15,8 @@ Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropo
 Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
 the table gives mean ± std over seeds (population std), bytes per round and what a client holds.
 
-``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs (FedBiOT adapter 2
-at each of ``--dropouts``, default 0.5 there): for each I_0 a one-round run evaluated before round 1 (right
-after the distillation: the adapter is still the pretrained layers, so AdapFu is the base model) and after
-it, perplexity only (``sweep-i0-<config name>``).
+``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs
+(`experiments.fedbiot_init`); ``--ablation`` is Appendix C's lambda and eps (`experiments.fedbiot_ablation`).
 
 ``--trajectory`` also writes ``trajectory-<config name>`` (.md, .json, .png): AdapEmu and AdapFu of each
 method at every round the runs evaluated (round 0: right after the initial distillation), with each
@@ -48,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import plots, tables
 from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
+from experiments.tables import layout
 
 # The baselines distil their emulator with their own objective, not FedBiOT's eq. (2): Offsite-tuning's
 # (and FederatedScope's FedOT) is a relative hidden-state MSE plus the LM loss. fedtune has the MSE
@@ -71,14 +70,6 @@ LABELS = {
     "fedot": "FedOT",
     "fedbiot_a2": "FedBiOT (Adapter 2)",
     "fedbiot_a4": "FedBiOT (Adapter 4)",
-}
-# Appendix C on one task: lambda (Table 5) and eps (Table 7), FedBiOT adapter 2 at dropout 0.2.
-ABLATION: dict[str, list[str]] = {
-    "lambda0": ["fedbiot.align_lambda=0"],
-    "lambda0.25": ["fedbiot.align_lambda=0.25"],
-    "lambda1": ["fedbiot.align_lambda=1.0"],
-    "eps0": ["fedbiot.prox_eps=0"],
-    "eps1": ["fedbiot.prox_eps=1.0"],
 }
 
 
@@ -119,14 +110,6 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
         out["client"] = info.get("params", {})
         out["split"] = info.get("split", {})
     return out
-
-
-def _fmt(result: dict[str, Any], key: str, scale: float = 1.0, seeds: int = 0) -> str:
-    """mean ± std, with the number of seeds when it is not the table's ``seeds``."""
-    if key not in result:
-        return "-"
-    count = f" (n={result['seeds']})" if seeds and result.get("seeds") != seeds else ""
-    return tables.cell(result[f"{key}_by_seed"], 2, scale) + count
 
 
 def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: list[float]) -> list[str]:
@@ -188,8 +171,8 @@ def markdown(
             result = results.get(f"{method}-d{d}", {})
             first = first or result
             cells += [
-                _fmt(result, f"adapemu/{metric}", scale, seeds),
-                _fmt(result, f"adapfu/{metric}", scale, seeds),
+                layout.seeds_cell(result, f"adapemu/{metric}", scale, seeds),
+                layout.seeds_cell(result, f"adapfu/{metric}", scale, seeds),
             ]
         if not first:
             continue
@@ -221,8 +204,8 @@ def markdown(
         [
             LABELS.get(k.split("-d")[0], k),
             k.split("-d")[1],
-            _fmt(v, "adapemu/perplexity", seeds=seeds),
-            _fmt(v, "adapfu/perplexity", seeds=seeds),
+            layout.seeds_cell(v, "adapemu/perplexity", seeds=seeds),
+            layout.seeds_cell(v, "adapfu/perplexity", seeds=seeds),
         ]
         for k, v in results.items()
         if "adapfu/perplexity" in v
@@ -291,19 +274,28 @@ def main(argv: list[str] | None = None) -> None:
         help="also tabulate and plot every evaluated round of each method (trajectory-<config name>)",
     )
     args = tables.parse_args(parser, argv)
+    # the side studies build on this module's methods: imported here, where they are asked for, not in a cycle
+    from experiments import fedbiot_ablation, fedbiot_init
+
     if args.render:
-        tables.render(args.render, parser, RENDERERS, args.results_dir)
+        renderers: dict[str, tables.Renderer] = {
+            "table-": render_table,
+            "ablation-": fedbiot_ablation.render_ablation,
+            "sweep-i0-": fedbiot_init.render_init_sweep,
+            "trajectory-": render_trajectory,
+        }
+        tables.render(args.render, parser, renderers, args.results_dir)
         return
     cfg = tables.load_config(args)
     metric = primary_metric(cfg)
     base = args.runs_dir / cfg.name
     command = tables.command_line(__file__, argv)
     if args.init_sweep:
-        init_sweep(args, cfg, base, command)
+        fedbiot_init.init_sweep(args, cfg, base, command)
         return
     args.dropouts = args.dropouts or [0.2, 0.5]
     if args.ablation:
-        variants = {"default": [], **ABLATION}
+        variants = {"default": [], **fedbiot_ablation.ABLATION}
         fedbiot = [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2"]
         rows = {name: [*fedbiot, *overrides] for name, overrides in variants.items()}
         # The default variant is the table's FedBiOT (adapter 2, d = 0.2) run: the same run, shared.
@@ -323,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
     seeds_kept = tables.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
     if args.ablation:
-        text = ablation_markdown(cfg, metric, variants, results, command)
+        text = fedbiot_ablation.ablation_markdown(cfg, metric, variants, results, command)
     else:
         text = markdown(cfg, metric, results, args.dropouts, command)
         plot(cfg, metric, results, args.dropouts, tables.sibling(stem, ".png"))
@@ -363,149 +355,15 @@ def kept_names(kept: list[str]) -> list[str]:
     return [row_name(k) for k in kept]
 
 
-INIT_SWEEP = ["fed.rounds=1", "eval.before=true", "eval.every=1", "eval.metrics=[perplexity]"]
-
-
-def init_sweep(args: Any, cfg: Any, base: Path, command: str) -> None:
-    a2 = METHODS["fedbiot_a2"]
-    rows = {
-        f"{steps}-d{d}": [*a2, f"fedbiot.dropout={d}", f"fedbiot.init_steps={steps}", *INIT_SWEEP]
-        for d in args.dropouts or [0.5]
-        for steps in args.init_sweep
-    }
-    runs = tables.plan(base, rows, args.seeds, args.set, stems={key: f"i0-{key}" for key in rows})
-    start(args, runs)
-    results = {key: init_summary(paths) for key, paths in runs.dirs.items()}
-    text = init_sweep_text(cfg, args, results, command)
-    tables.write_table(args.results_dir / f"sweep-i0-{cfg.name}", text, cfg.name, command, results, args)
-
-
-def init_sweep_text(cfg: Any, args: Any, results: dict[str, Any], command: str) -> str:
-    """The initial distillation's table: per I_0 and dropout, perplexity after it and after round 1."""
-    keys = [(d, steps) for d in args.dropouts or [0.5] for steps in args.init_sweep]
-    rows = [
-        [
-            str(steps),
-            f"{d:g}",
-            tables.cell(r.get("after_init/adapemu"), 1),
-            tables.cell(r.get("after_init/adapfu"), 2),
-            tables.cell(r.get("round1/adapemu"), 1),
-            tables.cell(r.get("round1/adapfu"), 2),
-            tables.cell(r.get("init_mse"), 3),
-            str(r["seeds"]),
-        ]
-        for d, steps in keys
-        for r in [results[f"{steps}-d{d}"]]
-    ]
-    header = ["I_0", "dropout", "AdapEmu ppl after I_0", "AdapFu ppl (base)", "AdapEmu ppl, round 1"]
-    return "\n".join(
-        [
-            f"# {cfg.name}: the initial emulator distillation's length (FedBiOT adapter 2)",
-            "",
-            f"`{command}`",
-            "",
-            "Perplexity on the test answers (lower is better), right after the I_0 steps of eq. (2) on the "
-            "public set and after one round of training; mean ± std over seeds. Distillation MSE: eq. (2)'s "
-            "normalised hidden-state term, averaged over the I_0 steps.",
-            "",
-            tables.markdown_table([*header, "AdapFu ppl, round 1", "distillation MSE", "seeds"], rows),
-        ]
-    )
-
-
 def render_table(recorded: tables.Recorded) -> str:
     cfg, args = recorded.cfg, recorded.args
     dropouts = args.dropouts or [0.2, 0.5]
     return markdown(cfg, primary_metric(cfg), recorded.results, dropouts, recorded.command)
 
 
-def render_ablation(recorded: tables.Recorded) -> str:
-    cfg = recorded.cfg
-    variants = {"default": [], **ABLATION}
-    return ablation_markdown(cfg, primary_metric(cfg), variants, recorded.results, recorded.command)
-
-
-def render_init_sweep(recorded: tables.Recorded) -> str:
-    return init_sweep_text(recorded.cfg, recorded.args, recorded.results, recorded.command)
-
-
 def render_trajectory(recorded: tables.Recorded) -> str:
     cfg = recorded.cfg
     return trajectory_markdown(cfg, primary_metric(cfg), recorded.results, LABELS, recorded.command)
-
-
-RENDERERS: dict[str, tables.Renderer] = {
-    "table-": render_table,
-    "ablation-": render_ablation,
-    "sweep-i0-": render_init_sweep,
-    "trajectory-": render_trajectory,
-}
-
-
-def init_summary(run_dirs: list[Path]) -> dict[str, Any]:
-    """Per seed: AdapEmu / AdapFu perplexity after the initial distillation (round 0) and after round
-    1, and the distillation's mean normalised hidden-state MSE (from the run's fedbiot.json)."""
-    out: dict[str, Any] = {"seeds": 0}
-    for run_dir in run_dirs:
-        rows = {int(r["round"]): r.get("eval", {}) for r in tables.finished_rows(run_dir) if "eval" in r}
-        if 0 not in rows or 1 not in rows:
-            continue
-        seed = tables.seed_of(run_dir)
-        out["seeds"] += 1
-        for when, rnd in (("after_init", 0), ("round1", 1)):
-            for model in ("adapemu", "adapfu"):
-                out.setdefault(f"{when}/{model}", {})[seed] = rows[rnd][f"{model}/perplexity"]
-        info = json.loads((run_dir / "artifacts" / "fedbiot.json").read_text())
-        mse = info.get("initial_distillation", {}).get("mse")
-        if mse is not None:
-            out.setdefault("init_mse", {})[seed] = float(mse)
-    return out
-
-
-def ablation_markdown(
-    cfg: Any, metric: str, variants: dict[str, list[str]], results: dict[str, dict[str, Any]], command: str
-) -> str:
-    rows = [
-        [
-            name,
-            " ".join(variants[name]) or "(config)",
-            _fmt(r, f"adapemu/{metric}", 100),
-            _fmt(r, f"adapfu/{metric}", 100),
-            _fmt(r, "adapemu/perplexity"),
-            _fmt(r, "adapfu/perplexity"),
-            _fmt(r, "adapter_shift", 1, 0),
-            _fmt(r, "adapter_shift_pct", 1, 0),
-            str(r["seeds"]),
-        ]
-        for name, r in results.items()
-        if r.get("seeds")
-    ]
-    return "\n".join(
-        [
-            f"# {cfg.name}: ablation of lambda and eps (FedBiOT adapter 2, dropout 0.2), {metric} (%)",
-            "",
-            f"`{command}`",
-            "",
-            tables.markdown_table(
-                [
-                    "variant",
-                    "overrides",
-                    "AdapEmu",
-                    "AdapFu",
-                    "AdapEmu ppl",
-                    "AdapFu ppl",
-                    "adapter shift (L2)",
-                    "adapter shift (% of its norm)",
-                    "seeds",
-                ],
-                rows,
-            ),
-            "",
-            "Adapter shift: how far a client moved the adapter it was sent, the L2 norm of the",
-            "difference, mean over the round's clients and the trained rounds (the distance eps's",
-            "proximal term acts on).",
-        ]
-    )
 
 
 if __name__ == "__main__":

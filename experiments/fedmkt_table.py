@@ -28,8 +28,7 @@ peak RSS of the simulation's one process (it holds the LLM and every SLM; a clie
 own is measured by ``bench/fedmkt_memory.py``), and checks the paper's ordering (SLMs: Zero-shot <
 Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and seed by seed;
 ``table-<config>.png`` shows the same cells with each seed as a dot. With more than one round,
-``rounds-<config>`` (.md, .json, .png) gives every round of the FedMKT runs: the LLM's and each SLM's
-score, and how many public samples DualMinCE selected for the LLM and for the SLMs. Runs are subprocesses,
+``rounds-<config>`` gives every round of the FedMKT runs (`experiments.fedmkt_rounds`). Runs are subprocesses,
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
 ``--rows`` starts only the named rows' runs (``fedmkt``, ``standalone``, ``centralized``, ``llmpublic``,
 ``fedavg``, ``llm2slm``; the Zero-shot row is the FedMKT run's round 0): a seed whose other rows were run
@@ -37,9 +36,7 @@ elsewhere needs its FedMKT run alone. ``--set`` changes the config before the se
 overrides win): with ``name=`` it gives a table and runs directory of their own, e.g. for a larger LLM
 beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
-table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept;
-the rounds file keeps such a seed's every round from its previous ``.json`` (a seed whole, never
-mixing two runs) and names it too.
+table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
 """
 
 from __future__ import annotations
@@ -53,6 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import plots, tables
+from experiments.tables import layout
 
 DATASETS: dict[str, list[str]] = {
     "wic": ["data.dataset=wordnet-wic"],
@@ -200,107 +198,6 @@ def model_scores(row: dict[str, Any], held: dict[str, list[str]], metric: str) -
     return out
 
 
-SELECTED = {"llm_kd_selected": "LLM", "slm_kd_selected": "SLM (mean)"}
-
-
-def over_rounds(
-    cfg: Any, root: Path, dataset: str, setting: str, seeds: list[int], metric: str
-) -> dict[str, Any]:
-    """Round -> column -> seed -> value of the finished FedMKT runs: the LLM's and each SLM's score, and how
-    many public samples DualMinCE kept for the LLM's distillation (``llm_kd_selected``) and, the mean
-    over clients, for an SLM's (``slm_kd_selected``)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for seed in seeds:
-        run_dir = root / f"{dataset}-{setting}-fedmkt-s{seed}"
-        rows = tables.finished_rows(run_dir)
-        held = holders(cfg, setting, run_dir) if rows else {}
-        for row in rows:
-            cells = model_scores(row, held, metric)
-            cells.update({key: float(row[key]) for key in SELECTED if key in row})
-            for column, value in cells.items():
-                out.setdefault(str(row["round"]), {}).setdefault(column, {})[str(seed)] = value
-    return out
-
-
-def rounds_markdown(
-    cfg: Any,
-    curves: dict[str, Any],
-    command: str,
-    carried: dict[str, list[str]] | None = None,
-    root: Path | None = None,
-) -> str:
-    """Per dataset and setting, every round of the FedMKT runs: scores and the samples selected."""
-    parts = [
-        f"# FedMKT over rounds: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
-        "",
-        f"Round 0 is before any training (the table's Zero-shot row), round {cfg.fed.rounds} the table's "
-        f"FedMKT row. Selected: how many of the {cfg.fedmkt.public_examples} public samples DualMinCE kept "
-        "for the distillation, the LLM's (from all clients' knowledge) and an SLM's (from the LLM's, the "
-        "mean over clients).",
-        "",
-    ]
-    for key, by_round in curves.items():
-        dataset, setting = key.rsplit("-", 1)
-        names = slms(cfg, setting)
-        rows = [
-            [
-                rnd,
-                *(tables.cell(cells.get(n), 1, 100.0) for n in ["llm", *names]),
-                *(tables.cell(cells.get(k), 1) for k in SELECTED),
-            ]
-            for rnd, cells in by_round.items()
-        ]
-        header = ["round", "LLM", *names, *(f"selected: {label}" for label in SELECTED.values())]
-        parts += [f"## {dataset}, {setting}", "", tables.markdown_table(header, rows), ""]
-        if carried and key in carried:
-            kept = ", ".join(carried[key])
-            parts += [f"Seeds kept from this file's previous results (runs not in {root}): {kept}", ""]
-    parts.append(f"Command: `{command}`")
-    return "\n".join(parts)
-
-
-def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
-    """Per dataset and setting, two panels over rounds: each model's score, and the samples selected
-    (mean over seeds, each seed a faint dot)."""
-    from matplotlib.figure import Figure
-
-    if not curves:
-        return None
-    figure = Figure(figsize=(1.0 + 4.4 * len(curves), 6.6), layout="constrained")
-    grid = figure.subplots(2, len(curves), squeeze=False)
-    for index, (key, by_round) in enumerate(curves.items()):
-        top, bottom = grid[0][index], grid[1][index]
-        setting = key.rsplit("-", 1)[1]
-        series = [("llm", "LLM", 100.0, top)] + [(n, n, 100.0, top) for n in slms(cfg, setting)]
-        series += [(k, f"selected: {label}", 1.0, bottom) for k, label in SELECTED.items()]
-        for number, (column, label, scale, ax) in enumerate(series):
-            points = [(int(r), c[column]) for r, c in by_round.items() if column in c]
-            if not points:
-                continue
-            xs = [x for x, _ in points]
-            colour = COLOURS[number % len(COLOURS)]
-            ax.plot(
-                xs,
-                [scale * float(np.mean(list(v.values()))) for _, v in points],
-                "-o",
-                color=colour,
-                label=label,
-            )
-            dots = [(x, scale * value) for x, v in points for value in v.values()]
-            ax.scatter(*zip(*dots, strict=True), s=10, color=colour, alpha=0.4)
-        top.set_title(key.replace("-", ", "), fontsize=9)
-        bottom.set_xlabel("round")
-        bottom.set_ylim(0, cfg.fedmkt.public_examples)
-        for ax in (top, bottom):
-            ax.set_xticks(sorted(int(r) for r in by_round))
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, frameon=False)
-    grid[0][0].set_ylabel("score x 100 (acc or Rouge-L)")
-    grid[1][0].set_ylabel(f"public samples selected (of {cfg.fedmkt.public_examples})")
-    plots.suptitle(figure, f"{cfg.name}: FedMKT over rounds; dots: each seed")
-    return plots.save_figure(figure, path)
-
-
 def fedit_score(run_dir: Path, metric: str) -> float | None:
     """The server model's last score: a FedIT run's, or the LLM's of a FedMKT run."""
     row = tables.last_evaluated(tables.finished_rows(run_dir), metric)
@@ -334,26 +231,6 @@ def collect(
         public_only = fedit_score(root / f"{dataset}-llmpublic-s{seed}", metric)
         add("llmpublic", seed, None if public_only is None else {"llm": public_only})
     return table
-
-
-def keep_earlier(table: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> dict[str, list[str]]:
-    """Fill ``table`` with the seeds asked for that have no finished run here but a value in ``earlier``
-    (the same table's previous results), cell by cell; return row -> the seeds so kept."""
-    carried: dict[str, set[str]] = {}
-    for row, columns in earlier.items():
-        if row not in LABELS or not isinstance(columns, dict):
-            continue
-        for column, by_seed in columns.items():
-            here = table.setdefault(row, {}).setdefault(column, {})
-            for seed in map(str, seeds):
-                if seed not in here and seed in by_seed:
-                    here[seed] = float(by_seed[seed])
-                    carried.setdefault(row, set()).add(seed)
-            if not here:
-                del table[row][column]
-        if not table[row]:
-            del table[row]
-    return {row: sorted(found, key=int) for row, found in carried.items()}
 
 
 def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
@@ -425,7 +302,7 @@ def tabulate(
             key = f"{dataset}-{setting}"
             table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset))
             if earlier is not None:
-                kept = keep_earlier(table, earlier.get(key, {}), seeds)
+                kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
                 if kept:
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting
@@ -434,6 +311,34 @@ def tabulate(
     if carried:
         results["carried"] = carried
     return results
+
+
+Cells = dict[str, dict[str, float]]  # a row's values: column -> seed -> value
+
+
+def columns(names: list[str]) -> list[layout.Column[tuple[str, Cells]]]:
+    """A setting's columns: the row, the LLM's and each SLM's score x 100, traffic, memory, seeds."""
+
+    def mean(values: Cells, key: str, digits: int) -> str:
+        return f"{np.mean(list(values[key].values())):.{digits}f}"
+
+    def traffic(values: Cells) -> str:
+        return "-" if "mb_up" not in values else f"{mean(values, 'mb_up', 2)} / {mean(values, 'mb_down', 2)}"
+
+    def score(header: str, model: str) -> layout.Column[tuple[str, Cells]]:
+        return layout.Column(header, lambda row: tables.cell(row[1].get(model), 1, 100.0))
+
+    return [
+        layout.Column("", lambda row: row[0]),
+        score("LLM", "llm"),
+        *(score(name, name) for name in names),
+        layout.Column("MB up / down per round", lambda row: traffic(row[1])),
+        layout.Column(
+            "sim. peak RSS MB",
+            lambda row: mean(row[1], "client_peak_mb", 0) if "client_peak_mb" in row[1] else "-",
+        ),
+        layout.Column("seeds", lambda row: max((len(v) for v in row[1].values()), default=0)),
+    ]
 
 
 def markdown(
@@ -453,36 +358,11 @@ def markdown(
                 continue
             names = slms(cfg, setting)
             table = results[key]
-            rows = []
-            for row, label in LABELS.items():
-                if row not in table:
-                    continue
-                values = table[row]
-                mb_up = np.mean(list(values["mb_up"].values())) if "mb_up" in values else None
-                mb_down = np.mean(list(values["mb_down"].values())) if "mb_down" in values else None
-                traffic = "-" if mb_up is None else f"{mb_up:.2f} / {mb_down:.2f}"
-                memory = (
-                    f"{np.mean(list(values['client_peak_mb'].values())):.0f}"
-                    if "client_peak_mb" in values
-                    else "-"
-                )
-                seeds_done = max((len(v) for v in values.values()), default=0)
-                rows.append(
-                    [
-                        label,
-                        tables.cell(values.get("llm"), 1, 100.0),
-                        *(tables.cell(values.get(n), 1, 100.0) for n in names),
-                        traffic,
-                        memory,
-                        seeds_done,
-                    ]
-                )
+            rows = [(LABELS[row], table[row]) for row in LABELS if row in table]
             parts += [
                 f"## {dataset}, {setting} ({data_metric})",
                 "",
-                tables.markdown_table(
-                    ["", "LLM", *names, "MB up / down per round", "sim. peak RSS MB", "seeds"], rows
-                ),
+                layout.table(columns(names), rows),
                 "",
                 *ordering(table, names),
                 *(
@@ -500,97 +380,47 @@ def markdown(
 def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     """One panel per dataset and setting: per row the LLM's and each SLM's score, mean ± std as a marker
     with whiskers and each seed as a faint dot (differences are a few points: bars would hide them)."""
-    panels = [key for key in results if key != "carried"]
-    if not panels:
-        return None
-    figure, axes, first = plots.panel_grid(len(panels), 4.6, 3.4, margin=0.8)
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     markers = ["o", "s", "^", "D", "v"]
-    for ax, key in zip(axes, panels, strict=True):
+    panels = []
+    for key in (key for key in results if key != "carried"):
         table = results[key]
         rows = [row for row in LABELS if row in table]
         shown = [m for m in models if any(m in table[row] for row in rows)]
-        for index, model in enumerate(shown):
-            shift = (index - (len(shown) - 1) / 2) * 0.16
-            columns = [[100 * v for v in table[row].get(model, {}).values()] for row in rows]
-            plots.seed_markers(
-                ax,
-                [x + shift for x in range(len(rows))],
-                columns,
-                colour=COLOURS[index % len(COLOURS)],
-                marker=markers[index % len(markers)],
-                label="LLM" if model == "llm" else model,
+        series = [
+            plots.Series(
+                "LLM" if model == "llm" else model,
+                COLOURS[index % len(COLOURS)],
+                markers[index % len(markers)],
+                (index - (len(shown) - 1) / 2) * 0.16,
+                [[100 * v for v in table[row].get(model, {}).values()] for row in rows],
             )
-        ax.set_xticks(range(len(rows)), [LABELS[row] for row in rows], fontsize=7.5)
-        ax.set_xlim(-0.5, len(rows) - 0.5)
+            for index, model in enumerate(shown)
+        ]
         counts = sorted({len(v) for row in rows for v in table[row].values()})
         # the shared centralized rows may have more seeds than the setting's own
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         dataset, setting = key.rsplit("-", 1)
-        ax.set_title(f"{dataset}, {setting} ({tables.seeds_text(seeds)})", fontsize=9)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7, frameon=False)
-    for ax in first:
-        ax.set_ylabel("score x 100 (acc or Rouge-L)")
-    plots.suptitle(figure, f"{cfg.name}: mean ± std over seeds; faint dots: each seed")
-    return plots.save_figure(figure, path)
-
-
-def keep_earlier_rounds(by_round: dict[str, Any], earlier: dict[str, Any], seeds: list[int]) -> list[str]:
-    """Fill ``by_round`` (round -> column -> seed -> value) with every round of each seed asked for that has
-    no finished FedMKT run here but values in ``earlier`` (the rounds file's previous results); return
-    the seeds so kept. A seed is kept whole or not at all: its rounds never mix two runs."""
-    here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
-    kept = set()
-    wanted = [seed for seed in map(str, seeds) if seed not in here]
-    for rnd, cells in earlier.items():
-        if not isinstance(cells, dict):
-            continue
-        for column, by_seed in cells.items():
-            if not isinstance(by_seed, dict):
-                continue
-            for seed in wanted:
-                if seed in by_seed:
-                    by_round.setdefault(rnd, {}).setdefault(column, {})[seed] = float(by_seed[seed])
-                    kept.add(seed)
-    return sorted(kept, key=int)
-
-
-def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
-    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (with
-    ``--keep-earlier``, and of the seeds asked for whose runs are elsewhere, from the previous file)."""
-    stem = args.results_dir / f"rounds-{cfg.name}"
-    earlier = tables.earlier_results(stem) if args.keep_earlier else {}
-    curves: dict[str, Any] = {}
-    carried: dict[str, list[str]] = {}
-    for dataset in args.datasets:
-        for setting in args.settings:
-            key = f"{dataset}-{setting}"
-            by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
-            kept = keep_earlier_rounds(by_round, earlier.get(key, {}), args.seeds)
-            if kept:
-                carried[key] = kept
-            if by_round:
-                curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
-    text = rounds_markdown(cfg, curves, command, carried, root)
-    results = {**curves, "carried": carried} if carried else curves
-    tables.write_table(stem, text, str(args.config), command, results, args)
-    figure = plot_rounds(cfg, curves, tables.sibling(stem, ".png"))
-    if figure is not None:
-        print(f"plot: {figure}")
+        title = f"{dataset}, {setting} ({tables.seeds_text(seeds)})"
+        panels.append(plots.Panel(title, [LABELS[row] for row in rows], series))
+    if not panels:
+        return None
+    return plots.seed_panels(
+        panels,
+        width=4.6,
+        height=3.4,
+        margin=0.8,
+        ylabel="score x 100 (acc or Rouge-L)",
+        title=f"{cfg.name}: mean ± std over seeds; faint dots: each seed",
+        path=path,
+        legend_in_panels=True,
+    )
 
 
 def render_table(recorded: tables.Recorded) -> str:
     cfg, args = recorded.cfg, recorded.args
     root = args.runs_dir / cfg.name
     return markdown(cfg, recorded.results, args.datasets, args.settings, root, recorded.command)
-
-
-def render_rounds(recorded: tables.Recorded) -> str:
-    cfg, args, results = recorded.cfg, recorded.args, recorded.results
-    curves = {key: value for key, value in results.items() if key != "carried"}
-    carried = results.get("carried", {})
-    return rounds_markdown(cfg, curves, recorded.command, carried, args.runs_dir / cfg.name)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -606,8 +436,11 @@ def main(argv: list[str] | None = None) -> None:
         "keeping the values of runs made elsewhere",
     )
     args = tables.parse_args(parser, argv)
+    # the rounds file builds on this module's settings: imported here, where it is asked for, not in a cycle
+    from experiments import fedmkt_rounds
+
     if args.render:
-        renderers = {"table-": render_table, "rounds-": render_rounds}
+        renderers = {"table-": render_table, "rounds-": fedmkt_rounds.render_rounds}
         tables.render(args.render, parser, renderers, args.results_dir)
         return
     cfg = tables.load_config(args)
@@ -625,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     if figure is not None:
         print(f"plot: {figure}")
     if cfg.fed.rounds > 1:
-        write_rounds(cfg, args, root, command)
+        fedmkt_rounds.write_rounds(cfg, args, root, command)
 
 
 if __name__ == "__main__":

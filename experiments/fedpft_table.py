@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import plots, tables
+from experiments.tables import layout
 
 ROWS: dict[str, list[str]] = {
     "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
@@ -171,47 +172,33 @@ def _params(result: dict[str, Any]) -> str:
     return f"{params['client_params'] / 1e6:.1f}M of {params['full_params'] / 1e6:.1f}M"
 
 
-def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], command: str) -> str:
-    rows = []
-    for key, result in results.items():
-        if not result.get("seeds"):
-            continue
-        row, dataset, part = key.split("-")
-        rows.append(
-            [
-                LABELS[row],
-                dataset,
-                part,
-                tables.cell(result["accuracy_by_seed"], 1) + (" (one class)" if result["constant"] else ""),
-                tables.cell(result["macro_f1_by_seed"], 1),
-                tables.cell(result["sub/accuracy_by_seed"], 1),
-                _params(result),
-                f"{result['peak_rss_mb']:.0f}",
-                f"{result['mb_down_per_round']:.1f}",
-                f"{result['mb_up_per_round']:.2f}",
-                str(result["seeds"]),
-            ]
-        )
-    headers = [
-        "method",
-        "data",
-        "partition",
+COLUMNS: list[layout.Column[layout.Entry]] = [
+    layout.Column("method", lambda entry: LABELS[entry[0].split("-")[0]]),
+    layout.Column("data", lambda entry: entry[0].split("-")[1]),
+    layout.Column("partition", lambda entry: entry[0].split("-")[2]),
+    layout.Column(
         "accuracy",
-        "macro-F1",
-        "sub-model acc.",
-        "client holds",
-        "peak RSS MB (sim.)",
-        "MB down/round",
-        "MB up/round",
-        "seeds",
-    ]
+        lambda e: tables.cell(e[1]["accuracy_by_seed"], 1) + (" (one class)" if e[1]["constant"] else ""),
+    ),
+    layout.over_seeds("macro-F1", "macro_f1"),
+    layout.over_seeds("sub-model acc.", "sub/accuracy"),
+    layout.Column("client holds", lambda entry: _params(entry[1])),
+    layout.value("peak RSS MB (sim.)", "peak_rss_mb", 0),
+    layout.value("MB down/round", "mb_down_per_round", 1),
+    layout.value("MB up/round", "mb_up_per_round"),
+    layout.SEEDS,
+]
+
+
+def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], command: str) -> str:
+    rows = [(key, result) for key, result in results.items() if result.get("seeds")]
     return "\n".join(
         [
             f"# {cfg.name}: accuracy (%) of the final LoRA + head in the full model ({cfg.model.name})",
             "",
             f"`{command}`",
             "",
-            tables.markdown_table(headers, rows),
+            layout.table(COLUMNS, rows),
             "",
             *(
                 [
@@ -247,38 +234,32 @@ def plot(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], path
     def shown(method: str, suffix: str) -> bool:
         return bool(results.get(f"{method}-{suffix}", {}).get("seeds"))
 
-    panels = [s for s in suffixes if any(shown(m, s) for m in LABELS)]
-    if not panels:
-        return None
-    figure, axes, first = plots.panel_grid(len(panels), 4.2, 3.4)
     series = (
         ("accuracy", -0.13, "#1f77b4", "o", "in the full model"),
         ("sub/accuracy", 0.13, "#ff7f0e", "s", "sub-model"),
     )
-    for ax, suffix in zip(axes, panels, strict=True):
-        methods = [m for m in LABELS if shown(m, suffix)]
-        for key, shift, colour, marker, label in series:
-            columns = [results[f"{m}-{suffix}"].get(f"{key}_by_seed", {}).values() for m in methods]
-            xs = [i + shift for i in range(len(methods))]
-            plots.seed_markers(ax, xs, columns, colour=colour, marker=marker, label=label)
-        ax.set_xticks(range(len(methods)), [SHORT[m] for m in methods], fontsize=7.5)
-        ax.set_xlim(-0.5, len(methods) - 0.5)
-        seeds = max(results[f"{m}-{suffix}"]["seeds"] for m in methods)
-        one_class = all(results[f"{m}-{suffix}"]["constant"] for m in methods)
+    panels = []
+    for suffix in (s for s in suffixes if any(shown(m, s) for m in LABELS)):
+        rows = [results[f"{m}-{suffix}"] for m in LABELS if shown(m, suffix)]
+        one_class = ": every model predicts one class" if all(r["constant"] for r in rows) else ""
         dataset, part = suffix.split("-")
-        ax.set_title(
-            f"{dataset}, {part} ({tables.seeds_text(seeds)})"
-            + (": every model predicts one class" if one_class else ""),
-            fontsize=9,
+        seeds = tables.seeds_text(max(r["seeds"] for r in rows))
+        panels.append(
+            plots.Panel(
+                f"{dataset}, {part} ({seeds}){one_class}",
+                [SHORT[m] for m in LABELS if shown(m, suffix)],
+                [
+                    plots.Series(
+                        label, colour, marker, shift, [r.get(f"{key}_by_seed", {}).values() for r in rows]
+                    )
+                    for key, shift, colour, marker, label in series
+                ],
+            )
         )
-        ax.grid(True, axis="y", alpha=0.3)
-    for ax in first:
-        ax.set_ylabel("accuracy (%)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    if not panels:
+        return None
     title = f"{cfg.name}: {cfg.model.name}, mean ± std over seeds; faint dots: each seed"
-    plots.suptitle(figure, title)
-    return plots.save_figure(figure, path)
+    return plots.seed_panels(panels, width=4.2, height=3.4, ylabel="accuracy (%)", title=title, path=path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -291,8 +272,11 @@ def main(argv: list[str] | None = None) -> None:
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
     args = tables.parse_args(parser, argv)
+    # the sweep builds on this module's rows: imported here, where it is asked for, not in a cycle
+    from experiments import fedpft_lr
+
     if args.render:
-        renderers = {"table-": render_table, "sweep-lr-": render_lr_sweep}
+        renderers = {"table-": render_table, "sweep-lr-": fedpft_lr.render_lr_sweep}
         tables.render(args.render, parser, renderers, args.results_dir)
         return
     cfg = tables.load_config(args)
@@ -300,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     command = tables.command_line(__file__, argv)
     suffixes = suffixes_of(args)
     if args.lrs:
-        lr_sweep(args, cfg, base, suffixes, command)
+        fedpft_lr.lr_sweep(args, cfg, base, suffixes, command)
         return
     rows = {f"{row}-{suffix}": row_overrides(row, suffix) for suffix in suffixes for row in args.rows}
     runs = tables.plan(base, rows, args.seeds, args.set, seed_major=True)
@@ -319,174 +303,12 @@ def kept_names(kept: list[str]) -> list[str]:
     return [" ".join([LABELS[row], dataset, part]) for row, dataset, part in (key.split("-") for key in kept)]
 
 
-def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:
-    """Every row at each of ``args.lrs`` on the validation split; one lr for all rows by mean accuracy."""
-    keys = [(lr, row, suffix) for lr in args.lrs for suffix in suffixes for row in args.rows]
-    lr_rows = {
-        f"lr{lr:g}-{row}-{suffix}": [
-            f"train.lr={lr}",
-            "data.eval_split=validation",
-            *row_overrides(row, suffix),
-        ]
-        for lr, row, suffix in keys
-    }
-    runs = tables.plan(base, lr_rows, args.seeds, args.set, seed_major=True)  # every row at one lr first
-    tables.start(args, runs.runs)
-    dirs = dict(zip(keys, runs.dirs.values(), strict=True))
-    found = {key: summarise(paths) for key, paths in dirs.items()}
-    results: dict[str, Any] = {f"lr{lr:g}-{row}-{suffix}": r for (lr, row, suffix), r in found.items()}
-    means = lr_means(args, found, suffixes)
-    results["mean_by_lr"] = {f"{lr:g}": v for lr, v in means.items()}
-    results["chosen_lr"] = max(means, key=lambda lr: means[lr]) if means else None
-    text = lr_sweep_text(cfg, args, found, suffixes, command)
-    text += tables.rejected_note(path for paths in dirs.values() for path in paths)
-    stem = args.results_dir / f"sweep-lr-{cfg.name}"
-    tables.write_table(stem, text, cfg.name, command, results, args)
-    plot_lr_sweep(cfg, args, found, suffixes, tables.sibling(stem, ".png"))
-    plot_lr_sweep_rounds(cfg, args, found, suffixes, tables.sibling(stem, "-rounds.png"))
-
-
-def lr_means(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> dict[float, float]:
-    """lr -> the mean accuracy over every row and setting, for the lrs where all of them finished."""
-    means = {}
-    for lr in args.lrs:
-        cells = [found[(lr, row, suffix)] for suffix in suffixes for row in args.rows]
-        if all("accuracy" in c for c in cells):
-            means[lr] = sum(c["accuracy"] for c in cells) / len(cells)
-    return means
-
-
-def lr_sweep_text(
-    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], command: str
-) -> str:
-    """The sweep's markdown: accuracy by lr per row, each row's best lr, the lr chosen, the rounds."""
-    means = lr_means(args, found, suffixes)
-    chosen = max(means, key=lambda lr: means[lr]) if means else None
-    header = ["lr"] + [f"{LABELS[row]} {suffix}" for suffix in suffixes for row in args.rows] + ["mean"]
-    rows = [
-        [f"{lr:g}"]
-        + [
-            tables.cell(found[(lr, row, suffix)].get("accuracy_by_seed"), 1)
-            for suffix in suffixes
-            for row in args.rows
-        ]
-        + [f"{means[lr]:.1f}" if lr in means else "-"]
-        for lr in args.lrs
-    ]
-    best_by_row = []
-    for suffix in suffixes:
-        for row in args.rows:
-            done = [lr for lr in args.lrs if "accuracy" in found[(lr, row, suffix)]]
-            best = max(done, key=lambda lr: found[(lr, row, suffix)]["accuracy"]) if done else None
-            shown = "no lr finished" if best is None else f"best at lr {best:g} (of {len(done)} finished)"
-            best_by_row.append(f"- {LABELS[row]}, {suffix}: {shown}")
-    return "\n".join(
-        [
-            f"# {cfg.name}: learning-rate sweep, validation accuracy (%), mean ± std over seeds",
-            "",
-            f"`{command}`; {cfg.fed.rounds} rounds, {cfg.eval.max_examples} validation examples, "
-            f"{tables.seeds_text(len(args.seeds))}. The test split is not read.",
-            "",
-            tables.markdown_table(header, rows),
-            "",
-            "Each row's best lr (the sweep picks one for all):",
-            "",
-            *best_by_row,
-            "",
-            f"Chosen lr (highest mean validation accuracy over the rows and settings): {chosen:g}"
-            if chosen is not None
-            else "No lr has every row finished yet.",
-            "",
-            *by_round_section(args, found, suffixes),
-        ]
-    )
-
-
 def suffixes_of(args: Any) -> list[str]:
     return [f"{data}-{part}" for data in args.datasets for part in args.partitions]
 
 
 def render_table(recorded: tables.Recorded) -> str:
     return markdown(recorded.cfg, recorded.results, suffixes_of(recorded.args), recorded.command)
-
-
-def render_lr_sweep(recorded: tables.Recorded) -> str:
-    args, suffixes = recorded.args, suffixes_of(recorded.args)
-    found = {
-        (lr, row, suffix): recorded.results[f"lr{lr:g}-{row}-{suffix}"]
-        for lr in args.lrs
-        for suffix in suffixes
-        for row in args.rows
-    }
-    return lr_sweep_text(recorded.cfg, args, found, suffixes, recorded.command)
-
-
-def by_round_section(args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str]) -> list[str]:
-    """Markdown lines: each row's validation accuracy at every evaluated round, one line per lr."""
-    rounds = sorted({int(r) for result in found.values() for r in result.get("accuracy_by_round", {})})
-    if not rounds:
-        return []
-    header = ["row", "setting", "lr", *[f"round {r}" for r in rounds]]
-    lines = []
-    for suffix in suffixes:
-        for row in args.rows:
-            for lr in args.lrs:
-                curve = found[(lr, row, suffix)].get("accuracy_by_round", {})
-                if curve:
-                    cells = [f"{curve[str(r)]:.1f}" if str(r) in curve else "-" for r in rounds]
-                    lines.append([LABELS[row], suffix, f"{lr:g}", *cells])
-    return [
-        "Validation accuracy (%) at each evaluated round (mean over seeds):",
-        "",
-        tables.markdown_table(header, lines),
-    ]
-
-
-def plot_lr_sweep(
-    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], path: Path
-) -> Path:
-    """One panel per dataset and partition: validation accuracy against lr (log axis), one line per row."""
-    figure, axes, first = plots.panel_grid(len(suffixes), 4.2, 3.2)
-    for ax, suffix in zip(axes, suffixes, strict=True):
-        for row in args.rows:
-            points = [(lr, found[(lr, row, suffix)]) for lr in args.lrs]
-            points = [(lr, r) for lr, r in points if "accuracy" in r]
-            if points:
-                ax.errorbar(
-                    [lr for lr, _ in points],
-                    [r["accuracy"] for _, r in points],
-                    yerr=[r.get("accuracy_std", 0.0) for _, r in points],
-                    marker="o",
-                    capsize=3,
-                    label=LABELS[row],
-                )
-        ax.set_title(suffix)
-    title = f"{cfg.name}: {cfg.model.name}, learning-rate sweep"
-    return plots.finish_grid(
-        figure, axes, first, xlabel="lr", ylabel="validation accuracy (%)", title=title, path=path, log_x=True
-    )
-
-
-def plot_lr_sweep_rounds(
-    cfg: Any, args: Any, found: dict[Any, dict[str, Any]], suffixes: list[str], path: Path
-) -> Path | None:
-    """One panel per row and setting: validation accuracy against the round, one line per lr (mean over
-    seeds): whether a low lr is still climbing when the run ends, and whether a high one collapses."""
-    panels = [(row, suffix) for suffix in suffixes for row in args.rows]
-    curves = {key: result.get("accuracy_by_round", {}) for key, result in found.items()}
-    if not any(curves.values()):
-        return None
-    figure, axes, first = plots.panel_grid(len(panels), 4.2, 3.2)
-    for ax, (row, suffix) in zip(axes, panels, strict=True):
-        for lr in args.lrs:
-            curve = curves[(lr, row, suffix)]
-            if curve:
-                ax.plot([int(r) for r in curve], list(curve.values()), marker="o", label=f"lr {lr:g}")
-        ax.set_title(f"{LABELS[row]}, {suffix}", fontsize=9)
-    title = f"{cfg.name}: {cfg.model.name}, validation accuracy by round"
-    return plots.finish_grid(
-        figure, axes, first, xlabel="round", ylabel="validation accuracy (%)", title=title, path=path
-    )
 
 
 if __name__ == "__main__":

@@ -19,28 +19,25 @@ value the table's previous results file recorded for it, and the table names eac
 Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
 an out-of-memory kill loses only that method; rerunning resumes unfinished runs and skips finished ones.
 
-Client memory is measured in a fresh process per client model: load it, attach the run's LoRA, train
-3 steps at batch 1 (the paper's "VRAM to train one sample") on real client examples, and read the
-peak RSS (``VmHWM``, `fedtune.train.loop.peak_rss_mb`); the process's RSS before loading the model is
-reported too. Bytes are the totals over the run from ``metrics.jsonl`` (up + down, all clients, all
-rounds).
+Client memory is measured in a fresh process per client model (`experiments.fedpt_memory`); the
+small-model study (``--small-models``) is `experiments.fedpt_small`. Bytes are the totals over the run
+from ``metrics.jsonl`` (up + down, all clients, all rounds).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import now, setup_torch
+from bench.common import now
 
-from experiments import plots, tables
+from experiments import tables
+from experiments.fedpt_memory import measure_client
+from experiments.tables import layout
 
 METHODS: dict[str, list[str]] = {
     "fedavg_small": ["algorithm=fedit", "fedpt=null"],
@@ -67,58 +64,8 @@ def run_overrides(method: str, cfg: Any, extra: list[str]) -> list[str]:
     return [*extra, *method_overrides(method, cfg)]
 
 
-def measure_client(model: str, config: Path, extra: list[str]) -> dict[str, float]:
-    """Peak RSS of one client training ``model`` (subprocess running ``--client-memory``)."""
-    command = [
-        sys.executable,
-        __file__,
-        str(config),
-        "--client-memory",
-        model,
-        *[part for item in extra for part in ("--set", item)],
-    ]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    result: dict[str, float] = json.loads(output.strip().splitlines()[-1])
-    return result
-
-
-def client_memory_probe(model_name: str, config: Path, extra: list[str]) -> dict[str, float]:
-    setup_torch(2)
-    from fedtune.config import load_config
-    from fedtune.data.tokenize import encode_records, make_batches
-    from fedtune.models.loading import load_causal_lm
-    from fedtune.models.lora import attach_lora
-    from fedtune.rundata import prepare_data
-    from fedtune.train.loop import peak_rss_mb, train_local
-    from fedtune.train.optim import build_optimizer
-
-    cfg = load_config(config, extra)
-    records = next(iter(prepare_data(cfg).clients.values()))[:8]
-    before = peak_rss_mb()
-    model, tokenizer = load_causal_lm(model_name, dtype=cfg.model.dtype, seed=cfg.seed)
-    lora = cfg.lora
-    targets = None if lora.target_modules == "auto" else lora.target_modules
-    model = attach_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=targets)
-    examples = encode_records(records, tokenizer, cfg.data.template, cfg.data.max_length)
-    pad = int(tokenizer.pad_token_id or 0)
-    batches = make_batches(examples, 1, pad, seed=0, bucketing=False)
-    optimizer = build_optimizer(model.parameters(), cfg.train.optimizer, lr=cfg.train.lr)
-    train_local(model, batches, optimizer, None, steps=3)
-    return {
-        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-        "trainable_m": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
-        "rss_before_model_mb": before,
-        "peak_rss_mb": peak_rss_mb(),
-    }
-
-
 def total_mb(rows: list[dict[str, Any]]) -> float:
     return sum(row.get("bytes_up", 0) + row.get("bytes_down", 0) for row in rows) / 2**20
-
-
-def _fmt(metrics: dict[str, float], key: str, digits: int = 4) -> str:
-    """The mean, ± its std where there is one (over sampling seeds, or over training seeds)."""
-    return tables.plus_minus(metrics[key], metrics.get(f"{key}_std"), digits) if key in metrics else "-"
 
 
 def test_sets(cfg: Any) -> list[tuple[str, str]]:
@@ -163,11 +110,7 @@ def earlier_seed(entry: dict[str, Any] | None, seed: str) -> dict[str, Any] | No
     evaluation = entry["eval"]
     if entry["training_seeds"] == [seed]:
         return dict(evaluation)
-    return {
-        key.removesuffix("_by_seed"): values[seed]  # alpha_by_seed -> alpha, rougeL_by_seed -> rougeL
-        for key, values in evaluation.items()
-        if key.endswith("_by_seed") and seed in values
-    }
+    return tables.seed_slice(evaluation, seed)  # alpha_by_seed -> alpha, rougeL_by_seed -> rougeL
 
 
 def tabulate(
@@ -225,12 +168,38 @@ def tabulate(
     return results
 
 
+ORDER = ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt")
+
+
+def columns(sets: list[tuple[str, str]]) -> list[layout.Column[layout.Entry]]:
+    """The table's columns: the client model, its memory and traffic, Rouge-L per test set, Dist-n, test
+    perplexity per test set."""
+
+    def memory(res: dict[str, Any]) -> dict[str, float]:
+        return res.get("memory") or {}
+
+    def metric(header: str, key: str, digits: int = 4) -> layout.Column[layout.Entry]:
+        return layout.Column(header, lambda entry: layout.mean_std(entry[1]["eval"], key, digits))
+
+    return [
+        layout.Column("method", lambda entry: LABELS[entry[0]]),
+        layout.Column("client model", lambda entry: entry[1]["client_model"]),
+        layout.Column("client params", lambda e: f"{memory(e[1])['params_m']:.1f}M" if memory(e[1]) else "-"),
+        layout.Column(
+            "client peak RSS (batch 1)",
+            lambda e: f"{memory(e[1])['peak_rss_mb']:.0f} MB" if memory(e[1]) else "-",
+        ),
+        layout.Column("total comm.", lambda e: f"{e[1]['total_mb']:.1f} MB" if e[1]["total_mb"] else "-"),
+        *(metric(f"Rouge-L {label}", prefix + "rougeL") for label, prefix in sets),
+        metric("Dist-3", "dist3"),
+        metric("Dist-4", "dist4"),
+        *(metric(f"test ppl {label}", prefix + "perplexity", 2) for label, prefix in sets),
+    ]
+
+
 def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
     """The table; ``stamp``: the time it was made (None: now)."""
     sets = test_sets(cfg)
-    header = ["method", "client model", "client params", "client peak RSS (batch 1)", "total comm."]
-    header += [f"Rouge-L {label}" for label, _ in sets] + ["Dist-3", "Dist-4"]
-    header += [f"test ppl {label}" for label, _ in sets]
     seeds = max((len(res.get("training_seeds", [])) for res in results.values()), default=0)
     spread = (
         f"mean ± std over {seeds} training seeds (each seed: the mean over its sampling seeds)"
@@ -245,25 +214,8 @@ def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None 
         f"Rouge-L and Dist-n: {spread}. Test ppl: deterministic perplexity of the method's output model "
         "on the test set's references.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        layout.table(columns(sets), [(m, results[m]) for m in ORDER if m in results]),
     ]
-    for method in ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt"):
-        if method not in results:
-            continue
-        res = results[method]
-        memory = res.get("memory") or {}
-        cells = [
-            LABELS[method],
-            res["client_model"],
-            f"{memory['params_m']:.1f}M" if memory else "-",
-            f"{memory['peak_rss_mb']:.0f} MB" if memory else "-",
-            f"{res['total_mb']:.1f} MB" if res["total_mb"] else "-",
-        ]
-        cells += [_fmt(res["eval"], prefix + "rougeL") for _, prefix in sets]
-        cells += [_fmt(res["eval"], "dist3"), _fmt(res["eval"], "dist4")]
-        cells += [_fmt(res["eval"], prefix + "perplexity", 2) for _, prefix in sets]
-        lines.append("| " + " | ".join(cells) + " |")
     note = ordering_note(results, sets)
     lines += ["", note] if note else []
     kept = [
@@ -305,17 +257,17 @@ def search_metric(cfg: Any) -> str:
 def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list[str]:
     """Each method's Rouge-L per training seed, a column per seed and test set."""
     seeds = sorted({s for res in results.values() for s in res.get("training_seeds", [])}, key=int)
-    header = ["method"] + [f"{label} s{seed}" for label, _ in sets for seed in seeds]
-    rows = []
-    for method in ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt"):
-        if method in results:
-            evaluation = results[method]["eval"]
-            cells = [LABELS[method]]
-            for _, prefix in sets:
-                by_seed = evaluation.get(f"{prefix}rougeL_by_seed", {})
-                cells += [f"{by_seed[seed]:.4f}" if seed in by_seed else "-" for seed in seeds]
-            rows.append(cells)
-    return tables.markdown_table(header, rows).splitlines()
+
+    def rouge(label: str, prefix: str, seed: str) -> layout.Column[layout.Entry]:
+        def cell(entry: layout.Entry) -> str:
+            by_seed = entry[1]["eval"].get(f"{prefix}rougeL_by_seed", {})
+            return f"{by_seed[seed]:.4f}" if seed in by_seed else "-"
+
+        return layout.Column(f"{label} s{seed}", cell)
+
+    columns: list[layout.Column[layout.Entry]] = [layout.Column("method", lambda entry: LABELS[entry[0]])]
+    columns += [rouge(label, prefix, seed) for label, prefix in sets for seed in seeds]
+    return layout.table(columns, [(m, results[m]) for m in ORDER if m in results]).splitlines()
 
 
 def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
@@ -354,19 +306,8 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
     return "Paper ordering (Rouge-L; `<=` allows one combined std of slack, `~` two):\n" + "\n".join(notes)
 
 
-def stamp_of(recorded: tables.Recorded) -> str | None:
-    """The time the .md beside the results file says it was made (after its command); None for none."""
-    head = f"`{recorded.command}` — "
-    line = next((line for line in recorded.markdown.splitlines() if line.startswith(head)), None)
-    return None if line is None else line.removeprefix(head)
-
-
 def render_table(recorded: tables.Recorded) -> str:
-    return markdown(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
-
-
-def render_study(recorded: tables.Recorded) -> str:
-    return study_text(recorded.cfg, recorded.results, recorded.command, stamp_of(recorded))
+    return markdown(recorded.cfg, recorded.results, recorded.command, tables.stamp_of(recorded))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -379,20 +320,19 @@ def main(argv: list[str] | None = None) -> None:
         metavar="MODEL",
         help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
     )
-    parser.add_argument("--client-memory", help=argparse.SUPPRESS)
     args = tables.parse_args(parser, argv)
+    # the study builds on this module's methods: imported here, where it is asked for, not in a cycle
+    from experiments import fedpt_small
+
     if args.render:
-        renderers = {"table-": render_table, "study-small-": render_study}
+        renderers = {"table-": render_table, "study-small-": fedpt_small.render_study}
         tables.render(args.render, parser, renderers, args.results_dir)
-        return
-    if args.client_memory:
-        print(json.dumps(client_memory_probe(args.client_memory, args.config, args.set)))
         return
     cfg = tables.load_config(args)
     if args.small_models:
         if args.seeds != [cfg.seed]:
             parser.error(f"--small-models runs the config's seed ({cfg.seed}) only; drop --seeds")
-        small_model_study(args, cfg, tables.command_line(__file__, argv))
+        fedpt_small.small_model_study(args, cfg, tables.command_line(__file__, argv))
         return
     root = args.runs_dir / cfg.name
     runs = {m: {seed: seed_run_dir(root, m, seed, cfg) for seed in args.seeds} for m in args.methods}
@@ -412,149 +352,6 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(cfg, results, command)
     text += tables.closing_notes({m: seed_runs.values() for m, seed_runs in runs.items()}, stem, args)
     tables.write_table(stem, text, cfg.name, command, results, args)
-
-
-STUDY_METHODS = ("fedavg_small", "fedpt")
-
-
-def layer_count(model: str) -> int:
-    from fedtune.models.loading import parse_tiny_name, resolve_source
-
-    tiny = parse_tiny_name(model)
-    if tiny is not None:
-        return tiny.num_layers
-    return int(
-        json.loads((Path(resolve_source(model, "causal-lm")) / "config.json").read_text())[
-            "num_hidden_layers"
-        ]
-    )
-
-
-def held_out_perplexity(model: str) -> float | None:
-    """The model's perplexity on the held-out public texts of `fedtune models derive`: a derived model's
-    own (after its distillation), or, for a model others were derived from, the teacher's there."""
-    from fedtune.models.loading import DERIVED_DIR, DERIVED_MARKER, derived_path
-    from fedtune.models.zoo import default_cache_dir
-
-    own = derived_path(model)
-    if own is not None:
-        return float(json.loads((own / DERIVED_MARKER).read_text())["student_ppl_after"])
-    for info in sorted((default_cache_dir() / DERIVED_DIR).glob(f"*/{DERIVED_MARKER}")):
-        saved = json.loads(info.read_text())
-        if saved.get("source") == model:
-            return float(saved["teacher_ppl"])
-    return None
-
-
-def study_root(args: Any, cfg: Any, model: str, layers: int) -> Path:
-    """The config's own small model runs under the table's directory, another under ``<name>-l<layers>``."""
-    return Path(args.runs_dir) / (cfg.name if model == cfg.model.name else f"{cfg.name}-l{layers}")
-
-
-def small_model_study(args: Any, cfg: Any, command: str) -> None:
-    """FedAvg (small) and FedPT with each of ``--small-models`` as the clients' model (the large model
-    stays the config's); the large model itself as the small one is FedAvg (large), FedPT's target."""
-    layers = {model: layer_count(model) for model in args.small_models}
-    roots = {model: study_root(args, cfg, model, layers[model]) for model in args.small_models}
-    runs = {
-        roots[model] / method: run_overrides(method, cfg, [*args.set, f"model.name={model}"])
-        for model in args.small_models
-        for method in STUDY_METHODS
-    }
-    tables.start(args, runs, jobs=1, threads=None)
-    sets = test_sets(cfg)
-    results: dict[str, Any] = {}
-    for model, root in roots.items():
-        entry: dict[str, Any] = {"layers": layers[model], "held_out_ppl": held_out_perplexity(model)}
-        for method in STUDY_METHODS:
-            final = tables.last_evaluated(tables.finished_rows(root / method))
-            if final is not None:
-                entry[method] = final["eval"]
-        results[model] = entry
-    text = study_text(cfg, results, command)
-    study_runs = (root / method for root in roots.values() for method in STUDY_METHODS)
-    text += tables.rejected_note(study_runs, under=Path(args.runs_dir))
-    stem = args.results_dir / f"study-small-{cfg.name}"
-    tables.write_table(stem, text, cfg.name, command, results, args)
-    plot_small_model_study(cfg, results, sets, tables.sibling(stem, ".png"))
-
-
-def study_text(cfg: Any, results: dict[str, Any], command: str, stamp: str | None = None) -> str:
-    """The small-model study's table; ``stamp``: the time it was made (None: now)."""
-    sets = test_sets(cfg)
-    large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small")
-    header = ["client model", "layers", "held-out ppl", "FedAvg (small) test ppl"]
-    for label, _ in sets:
-        header += [f"FedAvg (small) {label}", f"FedPT {label}", f"FedPT - FedAvg (large) {label}"]
-    header += ["FedPT test ppl", "alpha"]
-    rows = []
-    for model, entry in results.items():
-        small, fedpt = entry.get("fedavg_small", {}), entry.get("fedpt", {})
-        ppl = entry["held_out_ppl"]
-        cells = [
-            model,
-            str(entry["layers"]),
-            "-" if ppl is None else f"{ppl:.1f}",
-            _plain(small, "perplexity"),
-        ]
-        for _, prefix in sets:
-            key = prefix + "rougeL"
-            gap = "-" if not large or key not in fedpt else f"{fedpt[key] - large[key]:+.4f}"
-            cells += [_fmt(small, key), _fmt(fedpt, key), gap]
-        cells += [_plain(fedpt, "perplexity"), str(fedpt.get("alpha", "-"))]
-        rows.append(cells)
-    return "\n".join(
-        [
-            f"# {cfg.name}: FedPT against the quality of the clients' small model",
-            "",
-            f"`{command}` — {stamp or now()}",
-            "",
-            f"Large model {cfg.fedpt.large_model}; each row's clients tune the small model named (FedAvg "
-            "(small)) and FedPT proxy-tunes the large model with it. The large model as its own small model "
-            "is FedAvg (large), FedPT's target. Held-out ppl: perplexity on the held-out public texts of "
-            "`fedtune models derive` (the source's own for the large model). Rouge-L: mean ± std over the "
-            "sampling seeds; test ppl: deterministic, on the in-domain test set.",
-            "",
-            tables.markdown_table(header, rows),
-        ]
-    )
-
-
-def _plain(metrics: dict[str, Any], key: str) -> str:
-    return f"{metrics[key]:.2f}" if key in metrics else "-"
-
-
-def plot_small_model_study(
-    cfg: Any, results: dict[str, Any], sets: list[tuple[str, str]], path: Path
-) -> Path:
-    """Per test set: Rouge-L of FedAvg (small) and FedPT against the small model's held-out perplexity
-    (log axis), FedAvg (large) as a line."""
-    figure, axes, first = plots.panel_grid(len(sets), 4.4, 3.3)
-    points = [(entry["held_out_ppl"], entry) for entry in results.values() if entry["held_out_ppl"]]
-    points.sort(key=lambda item: item[0])
-    large = results.get(cfg.fedpt.large_model, {}).get("fedavg_small", {})
-    for ax, (label, prefix) in zip(axes, sets, strict=True):
-        key = prefix + "rougeL"
-        for method, colour in (("fedavg_small", "#7f7f7f"), ("fedpt", "#1f77b4")):
-            shown = [(x, e[method]) for x, e in points if key in e.get(method, {})]
-            if shown:
-                ax.errorbar(
-                    [x for x, _ in shown],
-                    [m[key] for _, m in shown],
-                    yerr=[m.get(f"{key}_std", 0.0) for _, m in shown],
-                    marker="o",
-                    capsize=3,
-                    color=colour,
-                    label=LABELS[method],
-                )
-        if key in large:
-            ax.axhline(large[key], color="#d62728", linestyle="--", label="FedAvg (large)")
-        ax.set_title(label)
-    title = f"{cfg.name}: FedPT against the small model's quality"
-    xlabel = "small model's held-out perplexity"
-    return plots.finish_grid(
-        figure, axes, first, xlabel=xlabel, ylabel="Rouge-L", title=title, path=path, log_x=True
-    )
 
 
 if __name__ == "__main__":

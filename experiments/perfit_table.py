@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import tables
 from experiments.perfit_masks import mask_plot, overlap_lines
+from experiments.tables import layout
 
 OWN = ["perfit.start=own", "perfit.alpha=lora"]
 ROWS: dict[str, list[str]] = {
@@ -109,8 +110,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         return out
     for key in (METRIC, f"{METRIC}_weighted", ROUGE):
         values = {seed: row["eval"][key] for seed, row in finals.items() if key in row["eval"]}
-        before = earlier.get(f"{key}_by_seed", {})
-        values.update({seed: before[seed] for seed in carried if seed in before})
+        tables.fill_seeds(values, earlier.get(f"{key}_by_seed", {}), carried)
         out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
@@ -206,36 +206,21 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
     return lines
 
 
+COLUMNS: list[layout.Column[layout.Entry]] = [
+    layout.Column("method", lambda entry: LABELS[entry[0].rsplit("-", 1)[0]]),
+    layout.Column("partition", lambda entry: entry[0].rsplit("-", 1)[1]),
+    layout.Column("ppl before", lambda entry: f"{entry[1].get('before', float('nan')):.2f}"),
+    layout.Column("personal ppl", lambda entry: _cell(entry[1], METRIC)),
+    layout.Column("weighted", lambda entry: _cell(entry[1], f"{METRIC}_weighted")),
+    layout.Column("personal Rouge-L x 100", lambda entry: _cell(entry[1], ROUGE, 100.0)),
+    layout.value("MB up/round", "mb_up_per_round"),
+    layout.value("MB down/round", "mb_down_per_round"),
+    layout.SEEDS,
+]
+
+
 def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str], command: str) -> str:
-    rows = []
-    for key, result in results.items():
-        if not result.get("seeds"):
-            continue
-        row, part = key.rsplit("-", 1)
-        rows.append(
-            [
-                LABELS[row],
-                part,
-                f"{result.get('before', float('nan')):.2f}",
-                _cell(result, METRIC),
-                _cell(result, f"{METRIC}_weighted"),
-                _cell(result, ROUGE, 100.0),
-                f"{result['mb_up_per_round']:.2f}",
-                f"{result['mb_down_per_round']:.2f}",
-                str(result["seeds"]),
-            ]
-        )
-    headers = [
-        "method",
-        "partition",
-        "ppl before",
-        "personal ppl",
-        "weighted",
-        "personal Rouge-L x 100",
-        "MB up/round",
-        "MB down/round",
-        "seeds",
-    ]
+    rows = [(key, result) for key, result in results.items() if result.get("seeds")]
     return "\n".join(
         [
             f"# {cfg.name}: personalised perplexity (lower is better)",
@@ -245,7 +230,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             f"`{command}`",
             "",
-            tables.markdown_table(headers, rows),
+            layout.table(COLUMNS, rows),
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),

@@ -4,6 +4,7 @@ dots (differences of a few points, which bars would hide), a title that is never
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,59 @@ def save_figure(figure: Any, path: Path, dpi: int = 120) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
     return path
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a `Panel`: at each of the panel's ticks (shifted by ``shift``) the values of its
+    seeds, ``columns`` (one per tick), as `seed_markers`."""
+
+    label: str
+    colour: str
+    marker: str
+    shift: float
+    columns: Sequence[Iterable[float]]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A panel of a table's plot: a row per tick, each ``series`` a marker per row."""
+
+    title: str
+    ticks: Sequence[str]
+    series: Sequence[Series]
+
+
+def seed_panels(
+    panels: Sequence[Panel],
+    *,
+    width: float,
+    height: float,
+    ylabel: str,
+    title: str,
+    path: Path,
+    margin: float = 0.6,
+    legend_in_panels: bool = False,
+) -> Path:
+    """A table's plot: a `panel_grid` of ``panels``, each row's seeds as `seed_markers`, one legend under
+    the panels (each panel its own with ``legend_in_panels``: their series differ); saved to ``path``."""
+    figure, axes, first = panel_grid(len(panels), width, height, margin=margin)
+    for ax, panel in zip(axes, panels, strict=True):
+        xs = range(len(panel.ticks))
+        for series in panel.series:
+            shifted = [x + series.shift for x in xs]
+            plot_args = {"colour": series.colour, "marker": series.marker, "label": series.label}
+            seed_markers(ax, shifted, series.columns, **plot_args)
+        ax.set_xticks(xs, panel.ticks, fontsize=7.5)
+        ax.set_xlim(-0.5, len(panel.ticks) - 0.5)
+        ax.set_title(panel.title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        if legend_in_panels:
+            ax.legend(fontsize=7, frameon=False)
+    for ax in first:
+        ax.set_ylabel(ylabel)
+    if not legend_in_panels:
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    suptitle(figure, title)
+    return save_figure(figure, path)

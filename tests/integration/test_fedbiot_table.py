@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from experiments import fedbiot_table, fedbiot_trajectory
+from experiments import fedbiot_ablation, fedbiot_table, fedbiot_trajectory
 
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
@@ -210,7 +210,7 @@ def test_summary_reads_the_adapter_shift_over_trained_rounds_and_seeds(tmp_path:
     assert summary["adapter_shift_by_seed"] == {"0": pytest.approx(0.2), "1": pytest.approx(0.5)}
     assert summary["adapter_shift"] == pytest.approx(0.35)
     assert summary["adapter_shift_pct"] == pytest.approx(3.5)
-    table = fedbiot_table.ablation_markdown(
+    table = fedbiot_ablation.ablation_markdown(
         load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml"),
         "rougeL",
         {"eps0": ["fedbiot.prox_eps=0"]},

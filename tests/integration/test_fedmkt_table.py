@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from experiments import fedmkt_table
+from experiments import fedmkt_table, tables
 
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
@@ -75,7 +75,7 @@ def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:
         "centralized": {"llm": {"2": 0.8}},
         "not-a-row": {"llm": {"0": 1.0}},
     }
-    carried = fedmkt_table.keep_earlier(table, earlier, [0, 1])
+    carried = tables.fill_cells(table, earlier, ["0", "1"], groups=fedmkt_table.LABELS)
     # seed 1's run here wins over the earlier 0.9, seed 7 was not asked for, seed 2 neither
     assert table == {"fedmkt": {"llm": {"1": 0.6, "0": 0.5}, "slm": {"0": 0.4}}}
     assert carried == {"fedmkt": ["0"]}

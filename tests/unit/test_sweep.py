@@ -1,4 +1,4 @@
-"""experiments/tables.py, what the paper tables share: cells, the tie rule, reading runs, earlier results."""
+"""experiments/tables/, what the paper tables share: cells, the tie rule, reading runs, earlier results."""
 
 from __future__ import annotations
 

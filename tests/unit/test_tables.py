@@ -1,4 +1,4 @@
-"""experiments/tables.py, the table machine: rows and seeds, aggregation over seeds, claims and their
+"""experiments/tables/, the table machine: rows and seeds, aggregation over seeds, claims and their
 verdicts, the notes that close a table, and re-rendering a table's markdown from its results file."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from experiments import tables
+from experiments.tables import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test" / "perfit-tiny.yaml"
@@ -97,6 +98,61 @@ def test_the_closing_notes_name_what_was_kept_and_what_was_rejected(tmp_path: Pa
         "\n\n" + tables.REJECTED_HEAD + f"\n\n- fedot-s0, round 1, c01: {why}\n"
     )
     assert tables.run_notes("# table\n\n| a |" + notes) == notes
+
+
+def test_a_declared_layout_lays_rows_out_under_its_columns() -> None:
+    # Prepare: columns declared once, rows as (name, values)
+    columns: list[layout.Column[tuple[str, dict[str, float]]]] = [
+        layout.Column("row", lambda row: row[0]),
+        layout.Column("acc", lambda row: layout.mean_std(row[1], "acc", 2)),
+        layout.Column("ppl", lambda row: layout.number(row[1].get("ppl"), 1, " nats")),
+        layout.Column("seeds", lambda row: len(row)),
+    ]
+    rows = [("fit", {"acc": 0.5, "acc_std": 0.125, "ppl": 3.14159}), ("perfit", {"acc": 0.75})]
+    # Execute
+    text = layout.table(columns, rows)
+    # Assert: cells are their formatter's text (a number is never re-rounded by the table)
+    assert text == (
+        "| row | acc | ppl | seeds |\n|---|---|---|---|\n"
+        "| fit | 0.50 ± 0.12 | 3.1 nats | 2 |\n| perfit | 0.75 | - | 2 |"
+    )
+    assert layout.table(columns, []) == "| row | acc | ppl | seeds |\n|---|---|---|---|"
+
+
+def test_the_shared_columns_read_a_results_entry() -> None:
+    results = {"fit-iid": {"mb_up": 1.234, "acc_by_seed": {"0": 50.0, "1": 70.0}, "seeds": 2}}
+    columns = [layout.value("MB up", "mb_up", 1), layout.over_seeds("acc", "acc", scale=0.5), layout.SEEDS]
+    assert layout.table(columns, results.items()).splitlines()[2] == "| 1.2 | 30.0 ± 5.0 | 2 |"
+    one_seed = {"seeds": 1, "acc": 0.5, "acc_by_seed": {"0": 0.5}}
+    assert layout.seeds_cell(one_seed, "acc", 100, seeds=3) == "50.00 (n=1)"
+    assert (
+        layout.seeds_cell(one_seed, "acc", 100, seeds=1) == layout.seeds_cell(one_seed, "acc", 100) == "50.00"
+    )
+
+
+def test_an_earlier_seed_fills_only_cells_and_seeds_asked_for_that_have_no_run_here() -> None:
+    # Prepare: seed 1 ran here; the previous file has seeds 0, 1 and 7, and a group not asked for
+    here = {"fedmkt": {"llm": {"1": 0.6}}}
+    earlier = {
+        "fedmkt": {"llm": {"0": 0.5, "1": 0.9, "7": 0.1}, "slm": {"0": 0.4}},
+        "notes": ["not", "cells"],
+        "other": {"llm": {"0": 1.0}},
+    }
+    # Execute
+    kept = tables.fill_cells(here, earlier, ["0", "1"], groups=["fedmkt", "notes"])
+    # Assert: the run here wins, seed 7 was not asked for, "other" is no group of the table
+    assert here == {"fedmkt": {"llm": {"1": 0.6, "0": 0.5}, "slm": {"0": 0.4}}}
+    assert kept == {"fedmkt": ["0"]}
+    values = {"2": 9.0}
+    assert tables.fill_seeds(values, {"0": 7, "2": 1.0}, ["2", "0"]) == ["0"]
+    assert values == {"2": 9.0, "0": 7.0}
+
+
+def test_a_seed_is_sliced_out_of_an_entry_that_recorded_several() -> None:
+    entry = {"rougeL": 0.3, "rougeL_by_seed": {"0": 0.2, "1": 0.4}, "alpha_by_seed": {"1": 2.0}}
+    assert tables.seed_slice(entry, "1") == {"rougeL": 0.4, "alpha": 2.0}
+    assert tables.seed_slice(entry, "0") == {"rougeL": 0.2}
+    assert tables.seed_slice(entry, "5") == {}
 
 
 def _render_table(recorded: tables.Recorded) -> str:

@@ -1,0 +1,128 @@
+"""The table machine every paper-table script stands on: a script holds its rows (name -> config
+overrides), what it reads off a finished run, its claims (the paper's orderings) and its table's columns;
+this package does the rest, one module a concern:
+
+- `runs`: rows and seeds (`plan`), running (`start`, `run`), reading a finished run (`finished_rows`,
+  `finals`);
+- `aggregate`: values over seeds (`over_seeds`, `seed_values`) and their cells (`cell`);
+- `verdicts`: claims (`check`, `verdict`, `on_common_seeds`);
+- `keep`: keeping earlier results (`fill_seeds`, the one way a seed is kept; `keep_earlier_rows`;
+  `write_table`, which refuses to drop a recorded value);
+- `notes`: what closes a table's .md (`closing_notes`: what was kept, the replies servers rejected);
+- `render`: ``--render RESULTS_JSON`` rewrites a table's ``.md`` from its ``.json`` alone;
+- `layout`: a table's markdown columns, declared (`layout.Column`, `layout.table`).
+
+Plots: `experiments.plots`. A script imports the package (``from experiments import tables``) and reaches
+all but `layout` through it, as ``tables.<name>``.
+"""
+
+from bench.common import command_line, markdown_table, sibling
+
+from experiments.tables.aggregate import cell, mean_std, over_seeds, plus_minus, seed_values, seeds_text
+from experiments.tables.keep import (
+    carried_seeds,
+    dropped_values,
+    earlier_results,
+    fill_cells,
+    fill_seeds,
+    keep_earlier_rows,
+    keep_earlier_seeds,
+    seed_slice,
+    write_table,
+)
+from experiments.tables.notes import (
+    REJECTED_HEAD,
+    closing_notes,
+    earlier_rejections,
+    kept_rows_note,
+    kept_seeds_note,
+    rejected_note,
+    rejected_replies,
+    run_notes,
+)
+from experiments.tables.render import Recorded, Renderer, render, stamp_of
+from experiments.tables.runs import (
+    RESULTS_DIR,
+    Plan,
+    finals,
+    finished_rows,
+    last_evaluated,
+    load_config,
+    parse_args,
+    per_round_mb,
+    plan,
+    read_rows,
+    run,
+    run_all,
+    seed_dirs,
+    seed_of,
+    start,
+    table_parser,
+    trained_rows,
+)
+from experiments.tables.verdicts import (
+    Verdict,
+    check,
+    common_seeds,
+    on_common_seeds,
+    rises,
+    seeds_holding,
+    verdict,
+)
+
+__all__ = [
+    "REJECTED_HEAD",
+    "RESULTS_DIR",
+    "Plan",
+    "Recorded",
+    "Renderer",
+    "Verdict",
+    "carried_seeds",
+    "cell",
+    "check",
+    "closing_notes",
+    "command_line",
+    "common_seeds",
+    "dropped_values",
+    "earlier_rejections",
+    "earlier_results",
+    "fill_cells",
+    "fill_seeds",
+    "finals",
+    "finished_rows",
+    "keep_earlier_rows",
+    "keep_earlier_seeds",
+    "kept_rows_note",
+    "kept_seeds_note",
+    "last_evaluated",
+    "load_config",
+    "markdown_table",
+    "mean_std",
+    "on_common_seeds",
+    "over_seeds",
+    "parse_args",
+    "per_round_mb",
+    "plan",
+    "plus_minus",
+    "read_rows",
+    "rejected_note",
+    "rejected_replies",
+    "render",
+    "rises",
+    "run",
+    "run_all",
+    "run_notes",
+    "seed_dirs",
+    "seed_of",
+    "seed_slice",
+    "seed_values",
+    "seeds_holding",
+    "seeds_text",
+    "sibling",
+    "stamp_of",
+    "start",
+    "table_parser",
+    "trained_rows",
+    "verdict",
+    "write_table",
+]

@@ -1,0 +1,52 @@
+"""Values over seeds: a value ``key`` of a row is ``key`` (the mean), ``key_std`` (the population std) and
+``key_by_seed``; a cell is ``mean ± std`` (the mean alone for one seed, ``-`` for none)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    data = list(values)
+    return float(np.mean(data)), float(np.std(data))
+
+
+def over_seeds(key: str, by_seed: Mapping[str, float]) -> dict[str, Any]:
+    """``{key: mean, key_std: std, key_by_seed: {seed: value}}`` (seeds in numeric order); {} for none."""
+    if not by_seed:
+        return {}
+    ordered = {seed: float(by_seed[seed]) for seed in sorted(by_seed, key=int)}
+    mean, std = mean_std(ordered.values())
+    return {key: mean, f"{key}_std": std, f"{key}_by_seed": ordered}
+
+
+def seed_values(
+    evaluations: Mapping[str, Mapping[str, Any]], keys: Iterable[str], scale: float = 1.0
+) -> dict[str, Any]:
+    """`over_seeds` of each of ``keys`` over ``evaluations`` (seed -> evaluation), times ``scale``; a
+    seed whose evaluation lacks a key does not count for it, a key no seed has is left out."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        out |= over_seeds(key, {seed: scale * e[key] for seed, e in evaluations.items() if key in e})
+    return out
+
+
+def plus_minus(mean: float, std: float | None = None, digits: int = 2) -> str:
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def cell(values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0) -> str:
+    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale``; the mean alone for one value,
+    ``-`` for none."""
+    data = list(values.values() if isinstance(values, Mapping) else values or [])
+    if not data:
+        return "-"
+    mean, std = mean_std(scale * value for value in data)
+    return plus_minus(mean, std if len(data) > 1 else None, digits)
+
+
+def seeds_text(count: int | str) -> str:
+    return f"{count} seed{'' if str(count) == '1' else 's'}"

@@ -1,0 +1,76 @@
+"""Claims and their verdicts: orderings compare means rounded to 12 decimals, so that means of the same
+fractions summed in another order compare equal: "holds", "does not hold", or "tie" where every mean is
+the same (a tie is never "holds"); and in how many of the seeds every row has they hold."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from experiments.tables.aggregate import mean_std
+
+
+def _rounded(values: Iterable[float]) -> list[float]:
+    # equal means of fractions must compare equal whatever order float summed them in
+    return [round(float(value), 12) for value in values]
+
+
+def rises(values: Sequence[float], strict: bool = True) -> bool:
+    """Whether ``values`` rise from first to last (``<``, or ``<=`` with ``strict=False``), rounded."""
+    pairs = itertools.pairwise(_rounded(values))
+    return all(a < b for a, b in pairs) if strict else all(a <= b for a, b in pairs)
+
+
+def verdict(means: Sequence[float], strict: bool = True) -> str:
+    """Whether the paper's ordering, ``means`` rising, holds: "tie" when every rounded mean is the same
+    (for ``<`` and ``<=`` alike: nothing separates the rows), else "holds" or "does not hold"."""
+    if len(set(_rounded(means))) == 1:
+        return "tie"
+    return "holds" if rises(means, strict) else "does not hold"
+
+
+def common_seeds(columns: Sequence[Mapping[str, float]]) -> list[str]:
+    """The seeds every column (seed -> value) has, in numeric order."""
+    if not columns:
+        return []
+    return sorted(set(columns[0]).intersection(*columns[1:]), key=int)
+
+
+def seeds_holding(columns: Sequence[Mapping[str, float]], strict: bool = True) -> tuple[int, int]:
+    """Of the seeds every column has: in how many the values rise from the first column to the last,
+    and how many there are."""
+    seeds = common_seeds(columns)
+    return sum(rises([column[seed] for column in columns], strict) for seed in seeds), len(seeds)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim that values rise from the first column to the last, checked: ``verdict`` on the means
+    ("holds", "does not hold" or "tie"), and in how many of the ``seeds`` every column has it holds."""
+
+    means: tuple[float, ...]
+    verdict: str
+    holding: int
+    seeds: int
+
+
+def on_common_seeds(columns: Sequence[Mapping[str, float]]) -> tuple[list[dict[str, float]], str]:
+    """``columns`` (seed -> value each) cut to the seeds they all have, and a note naming those seeds when
+    a column had others (the rows' runs were made at different times): rows are compared seed by seed."""
+    both = common_seeds(columns)
+    cut = [{seed: values[seed] for seed in both} for values in columns]
+    if not both or all(len(values) == len(both) for values in columns):
+        return cut, ""
+    which = f"seed {both[0]}" if len(both) == 1 else f"seeds {', '.join(both)}"
+    return cut, f" (on {which}, which every row compared has)"
+
+
+def check(
+    columns: Sequence[Mapping[str, float]], means: Sequence[float] | None = None, strict: bool = True
+) -> Verdict:
+    """Whether ``columns`` (seed -> value each, from the row claimed lowest to the highest) rise: on
+    ``means`` (default: each column's mean over its seeds) and seed by seed (`seeds_holding`)."""
+    shown = tuple(means) if means is not None else tuple(mean_std(c.values())[0] for c in columns)
+    holding, seeds = seeds_holding(columns, strict)
+    return Verdict(shown, verdict(shown, strict), holding, seeds)
