@@ -396,3 +396,14 @@ def test_a_single_task_comparison_has_no_task_note(tmp_path: Path) -> None:
 
     assert "### Quality against client cost" in text and "(plots/compare_quality_vs_memory.png)" in text
     assert "differ in task" not in text and "Not plotted" not in text
+
+
+def test_marker_area_grows_with_the_logarithm_of_the_upload() -> None:
+    from fedtune.report.plots import MARKER_AREA, marker_areas
+
+    smallest, largest = MARKER_AREA
+
+    areas = marker_areas([0.001, 0.1, 10.0, None])
+
+    assert areas == [smallest, (smallest + largest) / 2, largest, smallest]
+    assert marker_areas([2.0, 2.0]) == [(smallest + largest) / 2] * 2

@@ -276,7 +276,7 @@ def plot_quality_vs_memory(points: Sequence[CostPoint], path: Path, title: str) 
         for metric in _metrics_of(points, task)
     ]
     figure, axes = _subplot_grid(max(len(panels), 1), width=4.8, height=3.6)
-    areas = _marker_areas([p.up_mb for p in points])
+    areas = marker_areas([p.up_mb for p in points])
     colours = {p.label: f"C{i % 10}" for i, p in enumerate(points)}
     for ax, (task, metric) in zip(axes, panels, strict=False):
         shown = [
@@ -312,7 +312,7 @@ def _metrics_of(points: Sequence[CostPoint], task: str) -> list[str]:
     return list(dict.fromkeys(m for p in points if p.task == task for m in p.quality))
 
 
-def _marker_areas(up_mb: Sequence[float | None]) -> list[float]:
+def marker_areas(up_mb: Sequence[float | None]) -> list[float]:
     """Marker areas proportional to upload on a log scale (uploads span bytes to gigabytes across
     methods); a run without a measured upload gets the smallest marker, and its label says n/a."""
     smallest, largest = MARKER_AREA
