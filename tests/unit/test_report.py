@@ -284,3 +284,126 @@ def test_a_non_finite_metric_is_written_as_null_and_named() -> None:
     assert parsed["eval"] == {"personal/perplexity": None, "acc": 0.5} and parsed["train_loss"] is None
     assert parsed["non_finite"] == ["train_loss: inf", "eval.personal/perplexity: nan"]
     assert "non_finite" not in json.loads(metrics_line({"round": 0, "eval": {"acc": 1.0}}))
+
+
+def write_cost_run(
+    root: Path,
+    name: str,
+    algorithm: str,
+    rows: list[dict[str, Any]],
+    dataset: str = "dolly",
+    **sections: Any,
+) -> Path:
+    """A run directory for the quality-against-client-cost table: ``sections`` are extra config sections."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    config = {
+        "name": name,
+        "algorithm": algorithm,
+        "data": {"dataset": dataset},
+        "fed": {"mode": "federated"},
+    }
+    config.update(sections)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return run_dir
+
+
+def cost_rows(peaks: list[float | None], ups: list[int], rouge: float) -> list[dict[str, Any]]:
+    """Round 0 (evaluation only) and one training row per peak; the last one evaluated."""
+    rows: list[dict[str, Any]] = [{"round": 0, "eval": {"rougeL": 0.1}}]
+    for number, (peak, up) in enumerate(zip(peaks, ups, strict=True), start=1):
+        row = training_row(number, bytes_up=up, bytes_down=2 * up)
+        if peak is not None:
+            row["client_peak_mem_mb"] = peak
+        rows.append(row)
+    rows[-1]["eval"] = {"rougeL": rouge}
+    return rows
+
+
+def cost_table(report: Path) -> list[str]:
+    text = squeeze(report.read_text(encoding="utf-8"))
+    section = text.split("### Quality against client cost")[1].split("## Per-round metrics")[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+def test_compare_shows_quality_against_client_memory_and_traffic(tmp_path: Path) -> None:
+    # Prepare: a round without replies records a peak of 0; one run records no client peak at all
+    full = write_cost_run(
+        tmp_path,
+        "pft-full",
+        "fedpft",
+        cost_rows([0.0, 700.0, 650.0], [1_000_000, 3_000_000, 2_000_000], 0.4),
+        fedpft={"submodel": "full", "rank": 4},
+    )
+    drop = write_cost_run(
+        tmp_path,
+        "pft-drop",
+        "fedpft",
+        cost_rows([300.0, 320.5], [500_000, 1_500_000], 0.3),
+        fedpft={"submodel": "layerdrop", "rank": 4},
+        fed={"mode": "standalone"},
+    )
+    seeds = write_cost_run(tmp_path, "kseed", "fedkseed", cost_rows([None, None], [1_028, 1_028], 0.2))
+
+    # Execute
+    report = write_report(full, compare=[drop, seeds])
+
+    # Assert: peak = max of the non-zero peaks, traffic = mean per training round in MB, n/a where unrecorded
+    table = cost_table(report)
+    assert table[0] == (
+        "| Run | Method | Variant | Task | final rougeL | Client peak memory (MiB) | Up per round (MB) "
+        "| Down per round (MB) |"
+    )
+    assert table[2] == "| pft-full | fedpft | fedpft.submodel=full | dolly (rougeL) | 0.4 | 700 | 2 | 4 |"
+    assert table[3] == (
+        "| pft-drop | fedpft | fed.mode=standalone, fedpft.submodel=layerdrop | dolly (rougeL) "
+        "| 0.3 | 320.5 | 1 | 2 |"
+    )
+    assert table[4] == "| kseed | fedkseed | | dolly (rougeL) | 0.2 | n/a | 0.001028 | 0.002056 |"
+    text = report.read_text(encoding="utf-8")
+    assert "Not plotted (no client peak memory or no final evaluation): kseed." in text
+    assert "(plots/compare_quality_vs_memory.png)" in text
+    assert_valid_png(full / "plots" / "compare_quality_vs_memory.png")
+
+
+def test_compare_puts_runs_of_different_tasks_on_separate_panels_and_says_so(tmp_path: Path) -> None:
+    # Prepare: same dataset with another metric set, and another dataset
+    dolly = write_cost_run(tmp_path, "a", "fedit", cost_rows([500.0], [10], 0.3))
+    alpaca = write_cost_run(tmp_path, "b", "fedit", cost_rows([400.0], [10], 0.2), dataset="alpaca")
+    perplexity_rows = cost_rows([450.0], [10], 0.2)
+    perplexity_rows[-1]["eval"] = {"perplexity": 12.0}
+    perplexity_rows[0]["eval"] = {"perplexity": 20.0}
+    other_metric = write_cost_run(tmp_path, "c", "fedit", perplexity_rows)
+
+    # Execute
+    report = write_report(dolly, compare=[alpaca, other_metric])
+
+    # Assert
+    text = report.read_text(encoding="utf-8")
+    assert (
+        "The runs differ in task, so each task has its own panels and none share an axis: "
+        "a: dolly (rougeL); b: alpaca (rougeL); c: dolly (perplexity)."
+    ) in text
+    assert_valid_png(dolly / "plots" / "compare_quality_vs_memory.png")
+
+
+def test_a_single_task_comparison_has_no_task_note(tmp_path: Path) -> None:
+    first = write_cost_run(tmp_path, "a", "fedit", cost_rows([500.0], [10], 0.3))
+    second = write_cost_run(tmp_path, "b", "fedkseed", cost_rows([400.0], [10], 0.2))
+
+    text = write_report(first, compare=[second]).read_text(encoding="utf-8")
+
+    assert "### Quality against client cost" in text and "(plots/compare_quality_vs_memory.png)" in text
+    assert "differ in task" not in text and "Not plotted" not in text
+
+
+def test_marker_area_grows_with_the_logarithm_of_the_upload() -> None:
+    from fedtune.report.plots import MARKER_AREA, marker_areas
+
+    smallest, largest = MARKER_AREA
+
+    areas = marker_areas([0.001, 0.1, 10.0, None])
+
+    assert areas == [smallest, (smallest + largest) / 2, largest, smallest]
+    assert marker_areas([2.0, 2.0]) == [(smallest + largest) / 2] * 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,36 @@ def config_value(config: dict[str, Any], dotted_key: str) -> Any:
             return None
         node = node[key]
     return node
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything read from one run directory."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    rows: list[MetricsRow]
+    data_stats: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return str(self.config.get("name") or self.run_dir.name)
+
+    @property
+    def trained_rows(self) -> list[MetricsRow]:
+        return [row for row in self.rows if row["round"] > 0]
+
+    @property
+    def before_row(self) -> MetricsRow | None:
+        """The evaluation of the untrained model, if the runner made one."""
+        return next((row for row in self.rows if row["round"] == 0 and row.get("eval")), None)
+
+    @property
+    def final_row(self) -> MetricsRow | None:
+        """The last round after training that was evaluated."""
+        evaluated = [row for row in self.trained_rows if row.get("eval")]
+        return evaluated[-1] if evaluated else None
+
+
+def load_run(run_dir: Path) -> Run:
+    return Run(run_dir, read_config(run_dir), read_metrics(run_dir), read_data_stats(run_dir))

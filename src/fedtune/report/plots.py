@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib import colormaps
@@ -242,3 +243,84 @@ def _category_colours(count: int) -> list[tuple[float, float, float, float]]:
     palette: Colormap = colormaps["tab10" if count <= 10 else "tab20"]
     size = 10 if count <= 10 else 20
     return [palette(i % size) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """One run on the quality-against-client-cost plot.
+
+    ``memory_mib`` is the client's peak memory (``client_peak_mem_mb``), ``up_mb`` the mean upload per
+    training round (decimal MB); ``quality`` maps each eval metric to its value at the last evaluated round.
+    """
+
+    label: str
+    method: str
+    task: str
+    quality: Mapping[str, float]
+    memory_mib: float
+    up_mb: float | None
+
+
+LOG_SPREAD = 10.0
+"""Memory is drawn on a log axis once the largest peak is this many times the smallest."""
+MARKER_AREA = (30.0, 600.0)
+"""The smallest and largest marker area (points²): the run uploading least and the one uploading most."""
+
+
+def plot_quality_vs_memory(points: Sequence[CostPoint], path: Path, title: str) -> Path:
+    """Final quality (y) against the client's peak memory (x), one point per run, one subplot per task
+    and metric; the marker's area grows with the bytes uploaded per round, which its label states."""
+    panels = [
+        (task, metric)
+        for task in dict.fromkeys(p.task for p in points)
+        for metric in _metrics_of(points, task)
+    ]
+    figure, axes = _subplot_grid(max(len(panels), 1), width=4.8, height=3.6)
+    areas = marker_areas([p.up_mb for p in points])
+    colours = {p.label: f"C{i % 10}" for i, p in enumerate(points)}
+    for ax, (task, metric) in zip(axes, panels, strict=False):
+        shown = [
+            (p, area) for p, area in zip(points, areas, strict=True) if p.task == task and metric in p.quality
+        ]
+        for point, area in shown:
+            ax.scatter(point.memory_mib, point.quality[metric], s=area, color=colours[point.label], alpha=0.7)
+            up = "n/a" if point.up_mb is None else f"{point.up_mb:.3g} MB"
+            ax.annotate(
+                f"{_point_name(point)}\n{up} up/round",
+                (point.memory_mib, point.quality[metric]),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize="x-small",
+            )
+        memories = [p.memory_mib for p, _ in shown]
+        if memories and max(memories) > LOG_SPREAD * min(memories):
+            ax.set_xscale("log")
+        ax.margins(x=0.25, y=0.2)
+        ax.set_title(f"{task}: {metric}" if len(panels) > 1 else metric, fontsize="medium")
+        ax.set_xlabel("Client peak memory (MiB)")
+        ax.set_ylabel(f"final {metric}")
+        ax.grid(True, alpha=0.3)
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def _point_name(point: CostPoint) -> str:
+    return point.label if point.method in point.label else f"{point.label} ({point.method})"
+
+
+def _metrics_of(points: Sequence[CostPoint], task: str) -> list[str]:
+    return list(dict.fromkeys(m for p in points if p.task == task for m in p.quality))
+
+
+def marker_areas(up_mb: Sequence[float | None]) -> list[float]:
+    """Marker areas proportional to upload on a log scale (uploads span bytes to gigabytes across
+    methods); a run without a measured upload gets the smallest marker, and its label says n/a."""
+    smallest, largest = MARKER_AREA
+    logs = [math.log10(value) if value else None for value in up_mb]
+    known = [value for value in logs if value is not None]
+    if not known or max(known) == min(known):
+        return [smallest if value is None else (smallest + largest) / 2 for value in logs]
+    low, high = min(known), max(known)
+    return [
+        smallest if v is None else smallest + (largest - smallest) * (v - low) / (high - low) for v in logs
+    ]

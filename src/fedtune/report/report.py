@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedtune.fl.budget import budget_stop, used_mb
+from fedtune.report.cost import cost_section
 from fedtune.report.io import (
     MetricsRow,
+    Run,
     config_value,
-    read_config,
-    read_data_stats,
-    read_metrics,
+    load_run,
 )
 from fedtune.report.plots import (
     eval_metric_names,
@@ -36,39 +34,6 @@ CONFIG_ESSENTIALS = [
     ("fed.mode", "Mode"),
     ("seed", "Seed"),
 ]
-
-
-@dataclass(frozen=True)
-class Run:
-    """Everything read from one run directory."""
-
-    run_dir: Path
-    config: dict[str, Any]
-    rows: list[MetricsRow]
-    data_stats: dict[str, Any] | None
-
-    @property
-    def name(self) -> str:
-        return str(self.config.get("name") or self.run_dir.name)
-
-    @property
-    def trained_rows(self) -> list[MetricsRow]:
-        return [row for row in self.rows if row["round"] > 0]
-
-    @property
-    def before_row(self) -> MetricsRow | None:
-        """The evaluation of the untrained model, if the runner made one."""
-        return next((row for row in self.rows if row["round"] == 0 and row.get("eval")), None)
-
-    @property
-    def final_row(self) -> MetricsRow | None:
-        """The last round after training that was evaluated."""
-        evaluated = [row for row in self.trained_rows if row.get("eval")]
-        return evaluated[-1] if evaluated else None
-
-
-def load_run(run_dir: Path) -> Run:
-    return Run(run_dir, read_config(run_dir), read_metrics(run_dir), read_data_stats(run_dir))
 
 
 def write_report(run_dir: Path, compare: list[Path] | None = None) -> Path:
@@ -429,7 +394,19 @@ def _compare_section(runs: list[Run], plots_dir: Path) -> str:
     curves = {label: run.rows for label, run in zip(labels, runs, strict=True)}
     path = plot_learning_curves(curves, plots_dir / "compare_learning_curves.png", "Learning curves by run")
     return "\n".join(
-        ["## Comparison\n", markdown_table(headers, rows), _image("Learning curves by run", path, plots_dir)]
+        [
+            "## Comparison\n",
+            markdown_table(headers, rows),
+            _image("Learning curves by run", path, plots_dir),
+            _cost_section(runs, labels, plots_dir),
+        ]
+    )
+
+
+def _cost_section(runs: list[Run], labels: list[str], plots_dir: Path) -> str:
+    text, path = cost_section(runs, labels, plots_dir / "compare_quality_vs_memory.png")
+    return (
+        text if path is None else text + "\n" + _image("Quality against client peak memory", path, plots_dir)
     )
 
 

@@ -8,6 +8,8 @@ import re
 from fedtune.report.io import CategoryCounts
 
 MISSING = "–"
+NOT_RECORDED = "n/a"
+"""A cell for a quantity the run's files do not record (as opposed to one that does not apply)."""
 NUMBER = re.compile(r"[+-]?[\d,]*\.?\d+(e[+-]?\d+)?|[+-]?(inf|nan)")
 
 
@@ -60,7 +62,7 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
 
 
 def _is_numeric_column(cells: list[str]) -> bool:
-    present = [cell for cell in cells if cell != MISSING]
+    present = [cell for cell in cells if cell not in (MISSING, NOT_RECORDED)]
     return bool(present) and all(NUMBER.fullmatch(cell) for cell in present)
 
 
