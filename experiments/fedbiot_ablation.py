@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments import tables
-from experiments.fedbiot_table import primary_metric
+from experiments.fedbiot_rows import primary_metric
 from experiments.tables import layout
 
 # Appendix C on one task: lambda (Table 5) and eps (Table 7), FedBiOT adapter 2 at dropout 0.2.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import tables
-from experiments.fedbiot_table import METHODS, start
+from experiments.fedbiot_rows import METHODS, start
 
 INIT_SWEEP = ["fed.rounds=1", "eval.before=true", "eval.every=1", "eval.metrics=[perplexity]"]
 

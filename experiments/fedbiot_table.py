@@ -44,38 +44,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import plots, tables
+from experiments import fedbiot_ablation, fedbiot_init, plots, tables
+from experiments.fedbiot_rows import LABELS, METHODS, primary_metric, start
 from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
 from experiments.tables import layout
-
-# The baselines distil their emulator with their own objective, not FedBiOT's eq. (2): Offsite-tuning's
-# (and FederatedScope's FedOT) is a relative hidden-state MSE plus the LM loss. fedtune has the MSE
-# (normalised by the teacher's mean square) but not the LM term, so they run with the MSE alone: without
-# FedBiOT's KL term (align_lambda 0), which the paper's baselines never had.
-OFFSITE = [
-    "fedbiot.split=first_last",
-    "fedbiot.adapter_layers=4",
-    "fedbiot.align_steps=0",
-    "fedbiot.prox_eps=0",
-    "fedbiot.align_lambda=0",
-]
-METHODS: dict[str, list[str]] = {
-    "offsite": [*OFFSITE, "fed.mode=centralized"],
-    "fedot": OFFSITE,
-    "fedbiot_a2": ["fedbiot.split=last", "fedbiot.adapter_layers=2"],
-    "fedbiot_a4": ["fedbiot.split=last", "fedbiot.adapter_layers=4"],
-}
-LABELS = {
-    "offsite": "Offsite-tuning",
-    "fedot": "FedOT",
-    "fedbiot_a2": "FedBiOT (Adapter 2)",
-    "fedbiot_a4": "FedBiOT (Adapter 4)",
-}
-
-
-def primary_metric(cfg: Any) -> str:
-    generation = [m for m in cfg.eval.metrics if m != "perplexity"]
-    return generation[0] if generation else "perplexity"
 
 
 def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
@@ -274,9 +246,6 @@ def main(argv: list[str] | None = None) -> None:
         help="also tabulate and plot every evaluated round of each method (trajectory-<config name>)",
     )
     args = tables.parse_args(parser, argv)
-    # the side studies build on this module's methods: imported here, where they are asked for, not in a cycle
-    from experiments import fedbiot_ablation, fedbiot_init
-
     if args.render:
         renderers: dict[str, tables.Renderer] = {
             "table-": render_table,
@@ -332,17 +301,6 @@ def main(argv: list[str] | None = None) -> None:
         notes = tables.closing_notes(dirs, table_stem, args, kept_rows=kept_names(kept))
         text = trajectory_markdown(cfg, metric, curves, LABELS, command) + notes
         tables.write_table(stem, text, cfg.name, command, curves, args)
-
-
-def start(args: Any, runs: tables.Plan) -> None:
-    """Run ``runs`` one after another (a run takes every core), unless ``--table-only``: runs that differ
-    only in what the initial emulator distillation does not depend on (method rows sharing a split, eps,
-    seeds of other steps) share it through a cache beside them."""
-    if args.table_only:
-        return
-    for run_dir, overrides in runs.runs.items():
-        shared = f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}"
-        tables.run(args.config, [shared, *overrides], run_dir, threads=None)
 
 
 def row_name(key: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from experiments import plots, tables
-from experiments.fedmkt_table import COLOURS, holders, metric_of, model_scores, slms
+from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, slms
 from experiments.tables import layout
 
 SELECTED = {"llm_kd_selected": "LLM", "slm_kd_selected": "SLM (mean)"}

@@ -49,7 +49,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import plots, tables
+from experiments import fedmkt_rounds, plots, tables
+from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, slms
 from experiments.tables import layout
 
 DATASETS: dict[str, list[str]] = {
@@ -76,7 +77,6 @@ LLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.slm_learns=false", "eval.personal=false", 
 
 
 SETTINGS = ["hetero", "hetero2", "homo", "one"]
-COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]  # the LLM, then each SLM, in both plots
 
 
 def settings(cfg: Any) -> dict[str, list[str]]:
@@ -87,11 +87,6 @@ def settings(cfg: Any) -> dict[str, list[str]]:
         "homo": [f"fedmkt.clients=[{first}]"],
         "one": [f"fedmkt.clients=[{first}]", "data.partition.num_clients=1"],
     }
-
-
-def metric_of(cfg: Any, dataset: str) -> str:
-    """The metric a dataset's cells hold: Rouge-L for instruction following, else the config's first."""
-    return "rougeL" if dataset == "instruct" else str(cfg.eval.metrics[0])
 
 
 def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
@@ -153,25 +148,6 @@ def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str
     return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
 
 
-def slms(cfg: Any, setting: str) -> list[str]:
-    """The distinct SLMs a setting's clients hold, in the order of ``fedmkt.clients``."""
-    distinct = list(dict.fromkeys(cfg.fedmkt.clients))
-    return {"hetero": distinct, "hetero2": distinct[:2]}.get(setting, distinct[:1])
-
-
-def holders(cfg: Any, setting: str, run_dir: Path) -> dict[str, list[str]]:
-    """SLM name -> the clients of a FedMKT run that hold it."""
-    from fedtune.report.io import read_config
-
-    saved = read_config(run_dir)
-    names = saved["fedmkt"]["clients"]
-    count = saved["data"]["partition"]["num_clients"]
-    out: dict[str, list[str]] = {}
-    for index in range(count):
-        out.setdefault(names[index % len(names)], []).append(f"c{index:02d}")
-    return out
-
-
 def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) -> dict[str, float] | None:
     """The LLM's and each SLM's score in a finished run, at round ``rnd`` (None: the last evaluated)."""
     rows = tables.finished_rows(run_dir)
@@ -184,17 +160,6 @@ def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) 
     out["mb_up"] = tables.per_round_mb(trained, "bytes_up")
     out["mb_down"] = tables.per_round_mb(trained, "bytes_down")
     out["client_peak_mb"] = max(float(r.get("client_peak_mem_mb", 0.0)) for r in trained)
-    return out
-
-
-def model_scores(row: dict[str, Any], held: dict[str, list[str]], metric: str) -> dict[str, float]:
-    """A metrics row's LLM score and each SLM's (the mean over the clients holding it, ``held``)."""
-    out = {"llm": float(row["eval"][metric])} if metric in row.get("eval", {}) else {}
-    by_client = row.get("eval_by_client", {})
-    for name, clients in held.items():
-        values = [by_client[c][metric] for c in clients if metric in by_client.get(c, {})]
-        if values:
-            out[name] = float(np.mean(values))
     return out
 
 
@@ -436,9 +401,6 @@ def main(argv: list[str] | None = None) -> None:
         "keeping the values of runs made elsewhere",
     )
     args = tables.parse_args(parser, argv)
-    # the rounds file builds on this module's settings: imported here, where it is asked for, not in a cycle
-    from experiments import fedmkt_rounds
-
     if args.render:
         renderers = {"table-": render_table, "rounds-": fedmkt_rounds.render_rounds}
         tables.render(args.render, parser, renderers, args.results_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import plots, tables
-from experiments.fedpft_table import LABELS, row_overrides, suffixes_of, summarise
+from experiments.fedpft_rows import LABELS, row_overrides, suffixes_of, summarise
 
 
 def lr_sweep(args: Any, cfg: Any, base: Path, suffixes: list[str], command: str) -> None:

@@ -33,109 +33,24 @@ one lr for all rows, the one with the highest mean over the rows and settings sw
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import plots, tables
+from experiments import fedpft_lr, plots, tables
+from experiments.fedpft_rows import (
+    DATASETS,
+    LABELS,
+    ON_DEMAND,
+    PARTITIONS,
+    ROWS,
+    row_overrides,
+    suffixes_of,
+    summarise,
+)
 from experiments.tables import layout
-
-ROWS: dict[str, list[str]] = {
-    "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
-    "fedpft": [],
-    "fedpetuning": ["fedpft.submodel=full", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
-    "no_layer": ["fedpft.distill_steps=0"],
-    "no_neuron": ["fedpft.neuron_every=0"],
-    "fedpft_rel": ["fedpft.hidden_loss=token_relative"],
-    "fedot_emu": [
-        "fedpft.submodel=layerdrop",
-        "fedpft.emulator_lora=true",
-        "fedpft.distill_steps=0",
-        "fedpft.neuron_every=0",
-    ],
-}
-ON_DEMAND = ("fedpft_rel", "fedot_emu")
-"""Rows run only when named: an option for decoders, and FedOT's variant with LoRA on the emulator."""
-LABELS = {
-    "fedot": "FedOT (layer drop)",
-    "fedpft": "FedPFT",
-    "fedpetuning": "FedPETuning (full model)",
-    "no_layer": "FedPFT w/o layer-level distillation",
-    "no_neuron": "FedPFT w/o neuron-level distillation",
-    "fedpft_rel": "FedPFT, token-relative distillation",
-    "fedot_emu": "FedOT, LoRA on the emulator's layers too",
-}
-DATASETS: dict[str, list[str]] = {
-    "lexclass": ["data.dataset=wordnet-lexclass"],
-    "wic": ["data.dataset=wordnet-wic"],
-    "hypernym": ["data.dataset=wordnet-hypernym-yn"],
-}
-PARTITIONS: dict[str, list[str]] = {
-    "iid": ["data.partition.scheme=iid"],
-    **{
-        f"dir{alpha}": [
-            "data.partition.scheme=dirichlet",
-            f"data.partition.alpha={alpha}",
-            "data.partition.by=output",
-        ]
-        for alpha in (1, 5, 10)
-    },
-}
-
-
-def row_overrides(row: str, suffix: str) -> list[str]:
-    """What defines a run of ``row`` on ``suffix`` (``<dataset>-<partition>``): the row's keys, then the
-    dataset's and the partition's (``--set`` goes before them, `tables.plan`: ``--set
-    fedpft.distill_steps=1000`` sets FedPFT's distillation and leaves the baselines' ``distill_steps=0``)."""
-    data, part = suffix.split("-")
-    return [*ROWS[row], *DATASETS[data], *PARTITIONS[part]]
-
-
-def summarise(run_dirs: list[Path]) -> dict[str, Any]:
-    """Final accuracies over seeds; parameters, memory and traffic of the first finished seed."""
-    finals: dict[str, dict[str, Any]] = {}
-    curves: dict[str, dict[int, float]] = {}
-    first: tuple[Path, list[Any]] | None = None  # the first finished run and its rows
-    for run_dir in run_dirs:
-        rows = tables.finished_rows(run_dir)
-        final = tables.last_evaluated(rows, "accuracy")
-        if final is not None:
-            first = first or (run_dir, rows)
-            finals[tables.seed_of(run_dir)] = final["eval"]
-            curves[tables.seed_of(run_dir)] = {
-                r["round"]: 100 * r["eval"]["accuracy"]
-                for r in tables.trained_rows(rows)
-                if "accuracy" in (r.get("eval") or {})
-            }
-    out: dict[str, Any] = {"seeds": len(finals)}
-    if first is None:
-        return out
-    out |= tables.seed_values(finals, ("accuracy", "macro_f1", "sub/accuracy"), scale=100)
-    evaluated = sorted(set.intersection(*(set(curve) for curve in curves.values())))
-    out["accuracy_by_round"] = {  # the mean over seeds at each round every finished seed evaluated
-        str(rnd): tables.mean_std(curve[rnd] for curve in curves.values())[0] for rnd in evaluated
-    }
-    out["constant"] = all(one_class_on_two(m["accuracy"], m["macro_f1"]) for m in finals.values())
-    done, done_rows = first
-    rounds = tables.trained_rows(done_rows)
-    out["mb_up_per_round"] = tables.per_round_mb(rounds, "bytes_up")
-    out["mb_down_per_round"] = tables.per_round_mb(rounds, "bytes_down")
-    out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
-    info = done / "artifacts" / "fedpft.json"
-    if info.is_file():
-        saved = json.loads(info.read_text())
-        out["params"] = saved["params"]
-        out["distill_seconds"] = [round(d["seconds"], 1) for d in saved["distillation"]]
-    return out
-
-
-def one_class_on_two(accuracy: float, macro_f1: float) -> bool:
-    """Whether a 2-class model predicts one class only: its macro-F1 is then acc / (1 + acc) exactly
-    (F1 = 2 acc / (1 + acc) on the predicted class, 0 on the other)."""
-    return 0 < accuracy < 1 and abs(macro_f1 - accuracy / (1 + accuracy)) < 1e-9
 
 
 def _compare(
@@ -272,9 +187,6 @@ def main(argv: list[str] | None = None) -> None:
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
     args = tables.parse_args(parser, argv)
-    # the sweep builds on this module's rows: imported here, where it is asked for, not in a cycle
-    from experiments import fedpft_lr
-
     if args.render:
         renderers = {"table-": render_table, "sweep-lr-": fedpft_lr.render_lr_sweep}
         tables.render(args.render, parser, renderers, args.results_dir)
@@ -301,10 +213,6 @@ def main(argv: list[str] | None = None) -> None:
 def kept_names(kept: list[str]) -> list[str]:
     """The rows ``--keep-earlier`` took from the previous results file, named as the table does."""
     return [" ".join([LABELS[row], dataset, part]) for row, dataset, part in (key.split("-") for key in kept)]
-
-
-def suffixes_of(args: Any) -> list[str]:
-    return [f"{data}-{part}" for data in args.datasets for part in args.partitions]
 
 
 def render_table(recorded: tables.Recorded) -> str:

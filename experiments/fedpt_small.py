@@ -11,7 +11,7 @@ from typing import Any
 from bench.common import now
 
 from experiments import plots, tables
-from experiments.fedpt_table import LABELS, run_overrides, test_sets
+from experiments.fedpt_rows import LABELS, run_overrides, test_sets
 from experiments.tables import layout
 
 STUDY_METHODS = ("fedavg_small", "fedpt")

@@ -35,43 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import now
 
-from experiments import tables
+from experiments import fedpt_small, tables
 from experiments.fedpt_memory import measure_client
+from experiments.fedpt_rows import LABELS, METHODS, run_overrides, test_sets
 from experiments.tables import layout
-
-METHODS: dict[str, list[str]] = {
-    "fedavg_small": ["algorithm=fedit", "fedpt=null"],
-    "fedavg_large": ["algorithm=fedit", "fedpt=null", "model.name={large}", "eval.before=true"],
-    "fedavg_pt": ["fedpt.distill=false"],
-    "fedpt": [],
-}
-LABELS = {
-    "base_large": "Base (large)",
-    "fedavg_small": "FedAvg (small)",
-    "fedavg_large": "FedAvg (large)",
-    "fedavg_pt": "FedAvg+PT",
-    "fedpt": "FedPT",
-}
-
-
-def method_overrides(method: str, cfg: Any) -> list[str]:
-    return [item.format(large=cfg.fedpt.large_model) for item in METHODS[method]]
-
-
-def run_overrides(method: str, cfg: Any, extra: list[str]) -> list[str]:
-    """A method's run: ``extra`` (``--set``) first, then what defines the method, which wins over it
-    (``--set model.name=<another small model>`` leaves FedAvg (large) on the large model)."""
-    return [*extra, *method_overrides(method, cfg)]
 
 
 def total_mb(rows: list[dict[str, Any]]) -> float:
     return sum(row.get("bytes_up", 0) + row.get("bytes_down", 0) for row in rows) / 2**20
-
-
-def test_sets(cfg: Any) -> list[tuple[str, str]]:
-    """(label, metric prefix) per test set: the primary one, then ``eval.extra_datasets``."""
-    primary = cfg.data.eval_dataset or cfg.data.dataset
-    return [(primary, "")] + [(name, f"{name}/") for name in cfg.eval.extra_datasets]
 
 
 def seed_run_dir(root: Path, method: str, seed: int, cfg: Any) -> Path:
@@ -321,9 +292,6 @@ def main(argv: list[str] | None = None) -> None:
         help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
     )
     args = tables.parse_args(parser, argv)
-    # the study builds on this module's methods: imported here, where it is asked for, not in a cycle
-    from experiments import fedpt_small
-
     if args.render:
         renderers = {"table-": render_table, "study-small-": fedpt_small.render_study}
         tables.render(args.render, parser, renderers, args.results_dir)

@@ -240,12 +240,12 @@ def test_fedmkt_memory_measures_a_client_process_of_its_own(tmp_path: Path) -> N
 def test_memory_benchmarks_measure_the_paper_tables_rows() -> None:
     """The memory benchmarks name their rows' overrides themselves (bench/ imports nothing from
     experiments/): they must stay those of the paper tables."""
-    from experiments import fedbiot_table, perfit_table
+    from experiments import fedbiot_rows, perfit_table
 
     fedbiot = _load("fedbiot_memory").VARIANTS
     for variant, row in (("fedot", "fedot"), ("fedbiot_a2", "fedbiot_a2"), ("fedbiot_a4", "fedbiot_a4")):
-        assert fedbiot[variant] == [*fedbiot_table.METHODS[row], "fedbiot.dropout=0.2"]
-    assert fedbiot["fedbiot_a2_d0.5"] == [*fedbiot_table.METHODS["fedbiot_a2"], "fedbiot.dropout=0.5"]
+        assert fedbiot[variant] == [*fedbiot_rows.METHODS[row], "fedbiot.dropout=0.2"]
+    assert fedbiot["fedbiot_a2_d0.5"] == [*fedbiot_rows.METHODS["fedbiot_a2"], "fedbiot.dropout=0.5"]
     perfit = _load("perfit_memory").VARIANTS
     assert perfit["fit"] == perfit_table.ROWS["fit"]
     assert perfit["perfit"][: len(perfit_table.ROWS["perfit_s0.5"])] == perfit_table.ROWS["perfit_s0.5"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from experiments import fedbiot_ablation, fedbiot_table, fedbiot_trajectory
+from experiments import fedbiot_ablation, fedbiot_rows, fedbiot_table, fedbiot_trajectory
 
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
@@ -46,7 +46,7 @@ def test_the_baselines_align_their_emulator_without_fedbiots_kl_term() -> None:
     config = ROOT / "configs" / "paper" / "fedbiot-math.yaml"
     lambdas = {
         name: load_config(config, overrides).fedbiot.align_lambda
-        for name, overrides in fedbiot_table.METHODS.items()
+        for name, overrides in fedbiot_rows.METHODS.items()
     }
 
     assert lambdas["offsite"] == lambdas["fedot"] == 0.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from experiments import fedmkt_table, tables
+from experiments import fedmkt_models, fedmkt_table, tables
 
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
@@ -53,7 +53,7 @@ def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
         "homo": ["fedmkt.clients=[a]"],
         "one": ["fedmkt.clients=[a]", "data.partition.num_clients=1"],
     }
-    assert [fedmkt_table.slms(cfg, s) for s in fedmkt_table.SETTINGS] == [
+    assert [fedmkt_models.slms(cfg, s) for s in fedmkt_table.SETTINGS] == [
         ["a", "b", "a2", "b2"], ["a", "b"], ["a"], ["a"]
     ]  # fmt: skip
     runs = fedmkt_table.runs(cfg, "wic", "hetero")
@@ -274,7 +274,7 @@ def test_rows_picks_which_runs_start_and_the_table_still_reads_every_row(tmp_pat
     slm = cfg.fedmkt.clients[0]
     assert set(fedmkt_table.pick_rows(jobs, ["centralized", "llmpublic"])) == {
         "wic-centralized-llm-s1",
-        *(f"wic-centralized-{name}-s1" for name in fedmkt_table.slms(cfg, "hetero2")),
+        *(f"wic-centralized-{name}-s1" for name in fedmkt_models.slms(cfg, "hetero2")),
         "wic-llmpublic-s1",
     }
     assert f"wic-centralized-{slm}-s1" in jobs

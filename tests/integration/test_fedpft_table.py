@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from experiments import fedpft_table
+from experiments import fedpft_rows, fedpft_table
 
 from tests.integration.helpers import ROOT
 
@@ -41,8 +41,8 @@ def test_a_two_class_model_predicting_one_class_is_recognised() -> None:
     constant = classification_metrics([1] * 50, [0] * 23 + [1] * 27, 2)
     mixed = classification_metrics([0] * 20 + [1] * 30, [0] * 23 + [1] * 27, 2)
 
-    assert fedpft_table.one_class_on_two(constant["accuracy"], constant["macro_f1"])
-    assert not fedpft_table.one_class_on_two(mixed["accuracy"], mixed["macro_f1"])
+    assert fedpft_rows.one_class_on_two(constant["accuracy"], constant["macro_f1"])
+    assert not fedpft_rows.one_class_on_two(mixed["accuracy"], mixed["macro_f1"])
 
 
 def test_an_ordering_decided_below_the_shown_precision_shows_more_digits() -> None:
@@ -126,7 +126,7 @@ def test_accuracy_by_round_is_the_mean_over_finished_seeds_at_rounds_all_of_them
     for run_dir in seeds[2:]:
         rows = (run_dir / "metrics.jsonl").read_text().splitlines()
         (run_dir / "metrics.jsonl").write_text("\n".join(rows[:11]) + "\n")
-    summary = fedpft_table.summarise(seeds)
+    summary = fedpft_rows.summarise(seeds)
     assert summary["seeds"] == 2
     assert summary["accuracy_by_round"] == {"5": 25.0, "10": 45.0}
     assert summary["accuracy"] == 45.0

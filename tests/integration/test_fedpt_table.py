@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import yaml
-from experiments import fedpt_table
+from experiments import fedpt_rows, fedpt_table
 
 from tests.integration.helpers import ROOT
 
@@ -18,7 +18,7 @@ def test_fedavg_large_stays_on_the_large_model_when_set_changes_the_small_one() 
     extra = ["model.name=smollm2-135m-instruct-l20"]
     cfg = load_config(config, extra)
     models = {
-        method: load_config(config, fedpt_table.run_overrides(method, cfg, extra)).model.name
+        method: load_config(config, fedpt_rows.run_overrides(method, cfg, extra)).model.name
         for method in ("fedavg_large", "fedavg_small", "fedpt")
     }
 
