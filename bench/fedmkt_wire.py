@@ -31,7 +31,7 @@ CLIENT, SERVER = "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 def knowledge_of(name: str, records: list[Any], k: int, max_length: int) -> tuple[Any, Any, Any]:
-    from fedtune.algorithms.fedmkt.maths import public_knowledge, public_view
+    from fedtune.algorithms.fedmkt.transfer import public_knowledge, public_view
     from fedtune.algorithms.fedmkt.wire import Knowledge
     from fedtune.data.tokenize import make_batches
     from fedtune.models.loading import load_causal_lm
@@ -73,7 +73,7 @@ def encodings(knowledge: Any, vocab: int) -> dict[str, int]:
 def server_time(
     knowledge: Any, client_tok: Any, client_view: Any, llm_tok: Any, llm_view: Any, k: int
 ) -> dict[str, float]:
-    from fedtune.algorithms.fedmkt.maths import alignments, teacher_rows
+    from fedtune.algorithms.fedmkt.transfer import alignments, teacher_rows
     from fedtune.algorithms.fedmkt.wire import unpack_knowledge
     from fedtune.align import vocab_map
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedtune.algorithms.fedmkt import FedMKT
-from fedtune.algorithms.fedmkt.maths import public_view
+from fedtune.algorithms.fedmkt.transfer import public_view
 from fedtune.algorithms.fedmkt.wire import ADAPTER, LLM, PUBLIC, public_subset
 from fedtune.config import ConfigError
 from fedtune.fl.payload import Payload

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedtune.algorithms.fedmkt.maths import (
+from fedtune.algorithms.fedmkt.transfer import (
     NOT_SELECTED,
     dual_min_ce,
     mixed_loss,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedtune.algorithms.fedpt.maths import frozen_teacher, kd_loss, proxy_teacher
+from fedtune.algorithms.fedpt.distillation import frozen_teacher, kd_loss, proxy_teacher
 
 # Labels -100, 5, 6: positions 0 and 1 predict a labelled token (rows 0, 1 of the logits).
 BATCH = {

@@ -27,7 +27,7 @@ teaches), FedAvg (``fedit`` on the SLM), Centralized (``fed.mode: centralized``:
 the public set only (``lam: 1``, ``slm_learns: false``). Evaluation: the LLM on the test set (server),
 every SLM on its client's held-out split (``eval.personal``).
 
-The package: ``config`` (the ``fedmkt:`` section), ``maths`` (DualMinCE, the mixed loss, the
+The package: ``config`` (the ``fedmkt:`` section), ``transfer`` (DualMinCE, the mixed loss, the
 alignment of knowledge between tokenizations), ``wire`` (what travels: losses and top-k only),
 ``client`` (a client's tasks, and what every party -- the server's LLM too -- computes with) and
 ``server`` (the LLM's side of each round, its evaluation and state).
@@ -51,8 +51,8 @@ from fedtune.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedtune.algorithms.fedmkt.config import FedMKTConfig
-    from fedtune.algorithms.fedmkt.maths import dual_min_ce, mixed_loss, soft_target_ce
     from fedtune.algorithms.fedmkt.server import FedMKT
+    from fedtune.algorithms.fedmkt.transfer import dual_min_ce, mixed_loss, soft_target_ce
 
 __all__ = ["FedMKT", "FedMKTConfig", "dual_min_ce", "mixed_loss", "soft_target_ce"]
 
@@ -62,8 +62,8 @@ __getattr__ = lazy_exports(
     {
         "FedMKT": "fedtune.algorithms.fedmkt.server",
         "FedMKTConfig": "fedtune.algorithms.fedmkt.config",
-        "dual_min_ce": "fedtune.algorithms.fedmkt.maths",
-        "mixed_loss": "fedtune.algorithms.fedmkt.maths",
-        "soft_target_ce": "fedtune.algorithms.fedmkt.maths",
+        "dual_min_ce": "fedtune.algorithms.fedmkt.transfer",
+        "mixed_loss": "fedtune.algorithms.fedmkt.transfer",
+        "soft_target_ce": "fedtune.algorithms.fedmkt.transfer",
     },
 )

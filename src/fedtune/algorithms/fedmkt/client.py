@@ -17,7 +17,7 @@ import numpy as np
 from fedtune.algorithms.adapters import evaluation_records
 from fedtune.algorithms.base import derive_seed, evaluate_model
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
-from fedtune.algorithms.fedmkt.maths import (
+from fedtune.algorithms.fedmkt.transfer import (
     NOT_SELECTED,
     PublicView,
     Teacher,

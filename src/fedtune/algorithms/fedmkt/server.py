@@ -14,7 +14,7 @@ from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.fedmkt.config import FedMKTConfig
 from fedtune.algorithms.fedmkt.final import CLIENT_OPTION, slm_model
-from fedtune.algorithms.fedmkt.maths import (
+from fedtune.algorithms.fedmkt.transfer import (
     NOT_SELECTED,
     PublicView,
     Teacher,

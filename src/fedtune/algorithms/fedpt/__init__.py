@@ -35,9 +35,10 @@ Choices the paper leaves open:
   ``perplexity`` picks it deterministically from the proxy's labelled logits, decoding nothing.
   Round 0 (LoRA B = 0) is the base large model for any alpha.
 
-Layout: ``config`` (the ``fedpt:`` section), ``maths`` (eq. 5 and the teacher's parts), ``client``
-(the clients' task: FedIT's local SFT of the small LM), ``server`` (the rounds, the distillation,
-the alpha search), ``final`` (the proxy-tuned LM a finished run is loaded as).
+Layout: ``config`` (the ``fedpt:`` section), ``distillation`` (eq. 5, the teacher's parts, the
+student step), ``client`` (the clients' task: FedIT's local SFT of the small LM), ``server`` (the
+rounds, the distillation, the alpha search), ``final`` (the proxy-tuned LM a finished run is loaded
+as).
 """
 
 from typing import TYPE_CHECKING
@@ -46,8 +47,8 @@ from fedtune.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedtune.algorithms.fedpt.config import FedPTConfig
+    from fedtune.algorithms.fedpt.distillation import kd_loss
     from fedtune.algorithms.fedpt.final import ProxyModel, evaluate_proxy, load_proxy_model
-    from fedtune.algorithms.fedpt.maths import kd_loss
     from fedtune.algorithms.fedpt.server import FedPT
 
 __all__ = ["FedPT", "FedPTConfig", "ProxyModel", "evaluate_proxy", "kd_loss", "load_proxy_model"]
@@ -60,7 +61,7 @@ __getattr__ = lazy_exports(
         "FedPTConfig": "fedtune.algorithms.fedpt.config",
         "ProxyModel": "fedtune.algorithms.fedpt.final",
         "evaluate_proxy": "fedtune.algorithms.fedpt.final",
-        "kd_loss": "fedtune.algorithms.fedpt.maths",
+        "kd_loss": "fedtune.algorithms.fedpt.distillation",
         "load_proxy_model": "fedtune.algorithms.fedpt.final",
     },
 )

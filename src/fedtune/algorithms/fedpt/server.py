@@ -22,6 +22,14 @@ from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_res
 from fedtune.algorithms.base import Algorithm, RoundResult, derive_seed, evaluate_model
 from fedtune.algorithms.exporting import Exported, export_causal_lm, full_precision
 from fedtune.algorithms.fedpt.config import FedPTConfig
+from fedtune.algorithms.fedpt.distillation import (
+    Batch,
+    frozen_teacher,
+    kd_optimizer,
+    kd_step,
+    logits_with,
+    proxy_teacher,
+)
 from fedtune.algorithms.fedpt.final import (
     DISTILLED_ADAPTER,
     PROXY_FILE,
@@ -31,14 +39,6 @@ from fedtune.algorithms.fedpt.final import (
     proxy_lm,
     proxy_perplexities,
     write_proxy_json,
-)
-from fedtune.algorithms.fedpt.maths import (
-    Batch,
-    frozen_teacher,
-    kd_optimizer,
-    kd_step,
-    logits_with,
-    proxy_teacher,
 )
 from fedtune.algorithms.final import FinalModel, FinalRun
 from fedtune.config import ExperimentConfig
