@@ -4,10 +4,9 @@ a reader still has to follow). The arrows run table script -> side study -> the 
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-from tests.unit.test_import_graph import cycles
+from tests.unit.test_import_graph import cycles, imports_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -16,19 +15,6 @@ EXPERIMENTS = ROOT / "experiments"
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The modules of ``modules`` that ``path`` imports: ``import a.b`` and ``from a import b`` (b a module
-    or a name in a), wherever the import stands (experiments/ has no relative imports)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name in modules}
 
 
 def import_graph() -> dict[str, set[str]]:
