@@ -5,7 +5,8 @@ this package does the rest, one module a concern:
 - `runs`: rows and seeds (`plan`), running (`start`, `run`), reading a finished run (`finished_rows`,
   `finals`);
 - `aggregate`: values over seeds (`over_seeds`, `seed_values`) and their cells (`cell`);
-- `verdicts`: claims (`check`, `verdict`, `on_common_seeds`);
+- `verdicts`: claims (`check`, `verdict`, `on_common_seeds`; `paired_interval`, a claim's paired t
+  interval and its verdict);
 - `keep`: keeping earlier results (`fill_seeds`, the one way a seed is kept; `keep_earlier_rows`;
   `write_table`, which refuses to drop a recorded value);
 - `notes`: what closes a table's .md (`closing_notes`: what was kept, the replies servers rejected);
@@ -61,10 +62,12 @@ from experiments.tables.runs import (
     trained_rows,
 )
 from experiments.tables.verdicts import (
+    Interval,
     Verdict,
     check,
     common_seeds,
     on_common_seeds,
+    paired_interval,
     rises,
     seeds_holding,
     verdict,
@@ -73,6 +76,7 @@ from experiments.tables.verdicts import (
 __all__ = [
     "REJECTED_HEAD",
     "RESULTS_DIR",
+    "Interval",
     "Plan",
     "Recorded",
     "Renderer",
@@ -100,6 +104,7 @@ __all__ = [
     "mean_std",
     "on_common_seeds",
     "over_seeds",
+    "paired_interval",
     "parse_args",
     "per_round_mb",
     "plan",

@@ -9,9 +9,13 @@ from typing import Any
 import numpy as np
 
 
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
+def mean_std(values: Iterable[float], ddof: int = 0) -> tuple[float, float]:
+    """The mean and standard deviation of ``values``: the population one (``ddof`` 0, what the tables made
+    before the paired intervals record) or the sample one (``ddof`` 1; 0.0 for a single value)."""
     data = list(values)
-    return float(np.mean(data)), float(np.std(data))
+    if len(data) <= ddof:
+        return float(np.mean(data)), 0.0
+    return float(np.mean(data)), float(np.std(data, ddof=ddof))
 
 
 def over_seeds(key: str, by_seed: Mapping[str, float]) -> dict[str, Any]:
@@ -38,13 +42,15 @@ def plus_minus(mean: float, std: float | None = None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
 
-def cell(values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0) -> str:
-    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale``; the mean alone for one value,
-    ``-`` for none."""
+def cell(
+    values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0, ddof: int = 0
+) -> str:
+    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale`` (``ddof`` as `mean_std`); the mean
+    alone for one value, ``-`` for none."""
     data = list(values.values() if isinstance(values, Mapping) else values or [])
     if not data:
         return "-"
-    mean, std = mean_std(scale * value for value in data)
+    mean, std = mean_std((scale * value for value in data), ddof)
     return plus_minus(mean, std if len(data) > 1 else None, digits)
 
 

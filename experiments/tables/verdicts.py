@@ -1,12 +1,16 @@
 """Claims and their verdicts: orderings compare means rounded to 12 decimals, so that means of the same
 fractions summed in another order compare equal: "holds", "does not hold", or "tie" where every mean is
-the same (a tie is never "holds"); and in how many of the seeds every row has they hold."""
+the same (a tie is never "holds"); and in how many of the seeds every row has they hold. `paired_interval`
+judges a claim by its noise instead: the paired difference over seeds with a Student-t 95% interval, and
+the verdict "holds" (above 0), "reversed" (below) or "tie" (contains 0)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from experiments.tables.aggregate import mean_std
 
@@ -74,3 +78,62 @@ def check(
     shown = tuple(means) if means is not None else tuple(mean_std(c.values())[0] for c in columns)
     holding, seeds = seeds_holding(columns, strict)
     return Verdict(shown, verdict(shown, strict), holding, seeds)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A claim "``better`` beats ``worse``" judged by the paired difference over the seeds both have (same
+    seed: same partition, sampling and test subset): per seed the gain ``sign * (better - worse)``
+    (``sign`` -1 where lower is better), its ``mean``, sample standard deviation ``sd`` (ddof 1) and the
+    Student-t ``level`` interval ``[low, high]`` on ``seeds - 1`` degrees of freedom."""
+
+    mean: float
+    sd: float
+    low: float
+    high: float
+    seeds: int
+    level: float
+
+    @property
+    def verdict(self) -> str:
+        """ "holds" (the interval lies above 0), "reversed" (below 0), "tie" (it contains 0), or "one seed"
+        (no interval from a single difference)."""
+        if self.seeds < 2:
+            return "one seed"
+        if self.low > 0:
+            return "holds"
+        if self.high < 0:
+            return "reversed"
+        return "tie"
+
+    def text(self, digits: int = 2) -> str:
+        """``holds (gain 1.23, 95% CI [0.40, 2.06], 3 seeds)``."""
+        gain = f"gain {self.mean:.{digits}f}"
+        if self.seeds < 2:
+            return f"{self.verdict} ({gain})"
+        ci = f"{round(100 * self.level)}% CI [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+        return f"{self.verdict} ({gain}, {ci}, {self.seeds} seeds)"
+
+
+def paired_interval(
+    worse: Mapping[str, float],
+    better: Mapping[str, float],
+    *,
+    lower_is_better: bool = False,
+    level: float = 0.95,
+) -> Interval:
+    """The `Interval` of the claim that ``better`` (seed -> value) beats ``worse``, on their common seeds:
+    a t interval of the paired gains (``scipy.stats.t``); NaN bounds for fewer than two seeds."""
+    from scipy import stats
+
+    seeds = common_seeds([worse, better])
+    sign = -1.0 if lower_is_better else 1.0
+    gains = np.array([sign * (better[seed] - worse[seed]) for seed in seeds], dtype=np.float64)
+    if len(gains) == 0:
+        return Interval(float("nan"), float("nan"), float("nan"), float("nan"), 0, level)
+    mean = float(gains.mean())
+    if len(gains) < 2:
+        return Interval(mean, float("nan"), float("nan"), float("nan"), 1, level)
+    sd = float(gains.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, len(gains) - 1)) * sd / np.sqrt(len(gains))
+    return Interval(mean, sd, mean - half, mean + half, len(gains), level)

@@ -86,6 +86,44 @@ def test_rows_are_compared_on_the_seeds_they_all_have() -> None:
     assert tables.on_common_seeds([{"0": 1.0}, {"0": 2.0}]) == ([{"0": 1.0}, {"0": 2.0}], "")
 
 
+def test_a_paired_interval_is_the_student_t_interval_of_the_gains_per_seed() -> None:
+    # gains 1, 2, 3, 4, 5: mean 3, sample sd sqrt(2.5), t(4 df, 0.975) = 2.7764451051977987
+    worse = {"0": 10.0, "1": 10.0, "2": 10.0, "3": 10.0, "4": 10.0, "9": 0.0}
+    better = {"0": 11.0, "1": 12.0, "2": 13.0, "3": 14.0, "4": 15.0}
+    interval = tables.paired_interval(worse, better)
+    half = 2.7764451051977987 * 2.5**0.5 / 5**0.5
+    assert interval.seeds == 5  # seed 9 has no pair
+    assert interval.mean == pytest.approx(3.0)
+    assert interval.sd == pytest.approx(2.5**0.5)
+    assert (interval.low, interval.high) == (pytest.approx(3.0 - half), pytest.approx(3.0 + half))
+    assert interval.verdict == "holds"
+    assert interval.text() == "holds (gain 3.00, 95% CI [1.04, 4.96], 5 seeds)"
+
+
+def test_a_paired_interval_says_reversed_tie_and_one_seed() -> None:
+    # perplexity: lower is better, so a row with higher perplexity on every seed reverses the claim
+    worse = {"0": 5.0, "1": 6.0, "2": 7.0}
+    assert (
+        tables.paired_interval(worse, {"0": 6.0, "1": 7.1, "2": 8.2}, lower_is_better=True).verdict
+        == "reversed"
+    )
+    assert (
+        tables.paired_interval(worse, {"0": 4.0, "1": 6.9, "2": 7.5}, lower_is_better=True).verdict == "tie"
+    )
+    assert (
+        tables.paired_interval(worse, {"0": 4.0, "1": 5.1, "2": 6.2}, lower_is_better=True).verdict == "holds"
+    )
+    single = tables.paired_interval({"0": 1.0}, {"0": 2.0})
+    assert (single.verdict, single.text()) == ("one seed", "one seed (gain 1.00)")
+
+
+def test_a_sample_std_is_the_population_one_times_sqrt_n_over_n_minus_1() -> None:
+    values = [1.0, 2.0, 4.0]
+    assert tables.mean_std(values, ddof=1)[1] == pytest.approx(tables.mean_std(values)[1] * (3 / 2) ** 0.5)
+    assert tables.mean_std([3.0], ddof=1) == (3.0, 0.0)
+    assert tables.cell({"0": 1.0, "1": 3.0}, 2, ddof=1) == "2.00 ± 1.41"
+
+
 def test_the_closing_notes_name_what_was_kept_and_what_was_rejected(tmp_path: Path) -> None:
     why = "update norm 9.1 exceeds 10 x the round's median update norm 0.4 (fed.screen)"
     screened = _run(tmp_path / "fedot-s0", [{"round": 0}, {"round": 1, "rejected": {"c01": why}}])
