@@ -153,6 +153,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the peak RSS of a FedMKT client process (loopback Flower) for each SLM",
         "a FedIT client holding the whole LLM; a process holding no model",
     ),
+    "memory-fedkseed": Benchmark(
+        "fedkseed_memory",
+        "memory-<config name>",
+        "the peak RSS of a FedKSeed client process (loopback Flower), restore copy and undo",
+        "a FedIT client training LoRA on the same model; a process holding no model",
+    ),
     "memory-perfit": Benchmark(
         "perfit_memory",
         "memory-<config name>",

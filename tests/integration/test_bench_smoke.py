@@ -251,6 +251,28 @@ def test_memory_benchmarks_measure_the_paper_tables_rows() -> None:
     assert perfit["perfit"][: len(perfit_table.ROWS["perfit_s0.5"])] == perfit_table.ROWS["perfit_s0.5"]
 
 
+@pytest.mark.slow  # three loopback Flower runs of a client each: ~2 min; the bench variants are checked below
+def test_fedkseed_memory_measures_client_processes_on_flower(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedkseed-tiny.yaml"
+    _load("fedkseed_memory").main([str(config), "--results-dir", str(tmp_path)])
+    results = json.loads((tmp_path / "memory-fedkseed-tiny.json").read_text())["results"]
+    assert set(results) == {"baseline", "fedit", "fedkseed", "fedkseed_undo"}
+    for name in ("fedit", "fedkseed", "fedkseed_undo"):
+        assert results[name]["client_peak_mem_mb"] >= 0.5 * results["baseline"]["client_peak_mem_mb"]
+    # K = 8 scalars and seeds against a LoRA adapter: FedKSeed sends a fraction of FedIT's bytes
+    assert 0 < results["fedkseed"]["kb_up"] < results["fedit"]["kb_up"]
+    assert "FedKSeed, restore: undo" in (tmp_path / "memory-fedkseed-tiny.md").read_text()
+
+
+def test_the_fedkseed_memory_variants_are_the_unequal_tables_rows() -> None:
+    from experiments import unequal_rows
+
+    variants = _load("fedkseed_memory").VARIANTS
+    assert variants["fedit"] == ["algorithm=fedit", "fedkseed=null", *unequal_rows.ROWS["fedit"]]
+    assert variants["fedkseed"] == unequal_rows.ROWS["fedkseed"]
+    assert variants["fedkseed_undo"] == [*unequal_rows.ROWS["fedkseed"], "fedkseed.restore=undo"]
+
+
 def test_p13_smoke_measures_every_k_against_the_exact_source(tmp_path: Path) -> None:
     _load("fedpt_http_topk").main(["--smoke", "--threads", "1", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p13.smoke.json").read_text())
