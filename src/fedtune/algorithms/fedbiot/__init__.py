@@ -17,7 +17,8 @@ emulator model = embeddings + E + A + final norm + head, and train only A.
   frozen parts (embeddings, norm, head; in LoRA mode the adapter layers' base weights) on first
   contact. Clients run ``train.max_steps`` (K) local steps on the adapter with the proximal term
   ``prox_eps`` (the gradient of eps/2 ||w_A - w_A^(t)||^2 is eq. (1)'s eps (w_A - w_A^(t))) and reply
-  with it; the server averages adapters weighted by example count (the paper's p_m).
+  with it; the server averages the sampled clients' adapters weighted by example count (a deviation,
+  below).
 - **Evaluation**: both outputs at every eval round: AdapEmu (A + E, metric prefix ``adapemu/``) and
   AdapFu (A + E*, i.e. the adapter plugged back into the full model, prefix ``adapfu/``).
 - **Metrics row**: ``adapter_shift`` (the mean over the replies of ||A sent up - A sent down||_2) and
@@ -44,8 +45,16 @@ Choices where the paper is silent, and deviations:
   built-in (the paper distils on Alpaca for every task; our configs use ``wordnet-instruct``, a
   general instruction set, likewise shifted from the math and code tasks).
 - The KL and MSE terms are averaged over all non-pad positions of a public batch (public data may be
-  unlabelled); the MSE is normalised by the teacher's mean square as docs/methods.md specifies, the
-  KL is the forward KL from the full model's distribution, as docs/methods.md orders it.
+  unlabelled); the MSE is normalised by the teacher's mean square as docs/methods.md specifies.
+- Deviation: the KL term is KL(M(x; A, E*) || M(x; A, E)), the full model's distribution first
+  (``train.losses.distillation_kl``, teacher first, as FedPT's distillation: its gradient on
+  the emulator's logits is p_E - p_E*); eq. (2) writes D_KL(M(x; A, E) || M(x; A, E*)), the emulator
+  first, while the paper's prose names the full model first. Eq. (2)'s order has not been run here;
+  there is no option for it yet.
+- Deviation: each round trains the ``fed.clients_per_round`` sampled clients and averages their
+  adapters weighted by example count (FedAvg's p_m of eq. (1) and Step 3, which leave p_m open), where
+  Alg. 1 trains all M clients and averages uniformly (1/M, l. 15). The paper configs sample 3 of 10
+  (QA) and 3 of 9 (code) clients to fit the CPU budget; math trains all 3 (equal sizes, so uniform).
 - The initial (I_0-step) distillation runs with the initial adapter (the pretrained layers) and is
   cached under ``<run>/fedbiot/`` with a fingerprint, so resuming does not repeat it; ``init_cache``
   names a directory where runs with the same fingerprint (e.g. Offsite-tuning and FedOT, or an eps

@@ -42,6 +42,11 @@ sent and its data), ``server`` (the full model, derivation and distillations, ro
 state) and ``final`` (the full classifier with the final LoRA + head).
 
 Choices where the paper is silent, and deviations:
+- Deviation: ``keep_layers`` defaults to ``[0, -1]`` (set explicitly in every paper config), so the
+  first and last layers keep their FFN whole, where sec. 3.4 compresses the FFN of every transformer
+  layer. The paper's BERT-base experiments cut layers 1-10 of 12 and keep the first and last, which
+  the default follows; ``keep_layers: []`` compresses every layer, as sec. 3.4 reads. On 6-layer
+  all-MiniLM-L6-v2 the default keeps 2 of 6 FFNs whole (the paper: 2 of 12).
 - APoZ counts an activation as zero when it is <= 0, i.e. where the pre-activation is negative: the
   rule of ReLU's APoZ carried over to GELU and SiLU, which give a small negative output (at least
   -0.17 for GELU, -0.28 for SiLU) for every negative input. The authors' code counts outputs that

@@ -35,6 +35,13 @@ Choices the paper leaves open:
   ``perplexity`` picks it deterministically from the proxy's labelled logits, decoding nothing.
   Round 0 (LoRA B = 0) is the base large model for any alpha.
 
+Deviation: step 5's teacher runs at ``fedpt.alpha`` (default 1.0, the paper configs' value), while
+decoding and every evaluation use the alpha searched from ``alpha_grid`` (up to 2.0). Eq. (3) has one
+alpha: the proxy distilled should be the proxy decoded. The search runs when the last round is
+evaluated, after every distillation, so the small LM each round's clients start from was taught the
+proxy at ``fedpt.alpha`` while the one decoded may use another; with ``alpha_search: never`` the two
+agree. Making the teacher follow the searched alpha is a code change still to come.
+
 Layout: ``config`` (the ``fedpt:`` section), ``distillation`` (eq. 5, the teacher's parts, the
 student step), ``client`` (the clients' task: FedIT's local SFT of the small LM), ``server`` (the
 rounds, the distillation, the alpha search), ``final`` (the proxy-tuned LM a finished run is loaded
