@@ -1,6 +1,6 @@
 """FedPFT: federated proxy fine-tuning with a sub-model aligned by layer- and neuron-level distillation.
 
-Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (``papers/004``, sec. 3.4-3.6).
+Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (sec. 3.4-3.6).
 
 - **Sub-model** (sec. 3.4): in every layer, FFN neuron ``i``'s saliency is the squared norm of its
   input row(s) plus its output column (`fedtune.models.ffn`); the top ``keep_ratio`` neurons stay,

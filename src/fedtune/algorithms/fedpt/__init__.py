@@ -1,4 +1,4 @@
-"""FedPT: federated proxy-tuning of a black-box large LM (paper 000, Alg. 1; docs/methods.md).
+"""FedPT: federated proxy-tuning of a black-box large LM (the FedPT paper's Alg. 1; docs/methods.md).
 
 Round t:
 1. sample K clients and send them the small LM's LoRA state theta_s^t;
