@@ -13,7 +13,7 @@ Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropo
 - ``fedot``: FedOT, the same split and fixed emulator, federated;
 - ``fedbiot_a2`` / ``fedbiot_a4``: FedBiOT with the last 2 / 4 layers as the adapter.
 Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
-the table gives mean ± std over seeds (population std), bytes per round and what a client holds.
+the table gives mean ± std over seeds (the sample std), bytes per round and what a client holds.
 
 ``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs
 (`experiments.fedbiot_init`); ``--ablation`` is Appendix C's lambda and eps (`experiments.fedbiot_ablation`).
