@@ -13,7 +13,7 @@ Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropo
 - ``fedot``: FedOT, the same split and fixed emulator, federated;
 - ``fedbiot_a2`` / ``fedbiot_a4``: FedBiOT with the last 2 / 4 layers as the adapter.
 Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
-the table gives mean ± std over seeds (population std), bytes per round and what a client holds.
+the table gives mean ± std over seeds (the sample std), bytes per round and what a client holds.
 
 ``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs
 (`experiments.fedbiot_init`); ``--ablation`` is Appendix C's lambda and eps (`experiments.fedbiot_ablation`).
@@ -84,6 +84,24 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     return out
 
 
+def _intervals(
+    present: dict[str, dict[str, float]], method: str, baselines: list[str], seeds: list[str], metric: str
+) -> str:
+    """The paired interval of ``method`` against each baseline on ``seeds`` (``present``: row -> seed ->
+    value of ``metric``)."""
+    ours = {s: present[method][s] for s in seeds}
+    parts = [
+        f"vs {LABELS[m]} "
+        + tables.interval_texts(
+            [{s: present[m][s] for s in seeds}, ours],
+            lower_is_better=metric == "perplexity",
+            digits=2 if metric == "perplexity" else 4,
+        )[0]
+        for m in baselines
+    ]
+    return "by interval: " + "; ".join(parts)
+
+
 def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: list[float]) -> list[str]:
     """Whether each FedBiOT row is at least as good as the baselines (higher is better but for
     perplexity): on the means over the seeds all three rows have (a seed also draws the test subset),
@@ -120,7 +138,8 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
                 )
                 checks.append(
                     f"d={d}, {name}, {len(seeds)} seed(s): {LABELS[method]} {ours:.4g} vs {numbers}: "
-                    f"{verdict}; at least as good as every baseline in {wins} of {len(seeds)} seed(s)"
+                    f"{verdict}; at least as good as every baseline in {wins} of {len(seeds)} seed(s); "
+                    + _intervals(present, method, compared, seeds, metric)
                 )
     return checks
 

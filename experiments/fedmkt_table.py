@@ -217,9 +217,10 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
         if all(columns):
             claim = tables.check(columns)
             zero, alone, mkt = claim.means
+            noise = tables.claim_text(columns, ["Zero-shot", "Standalone", "FedMKT"], scale=100.0)
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
-                f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim)
+                f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim) + f"; {noise}"
             )
     columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):
@@ -236,7 +237,7 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             against += f"FedMKT - Centralized {100 * gap:+.1f})"
         lines.append(
             f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}{note}: "
-            f"**{claim.verdict}**" + seeds_note(claim)
+            f"**{claim.verdict}**" + seeds_note(claim) + f"; {tables.claim_text(columns, scale=100.0)}"
         )
         public = column("llmpublic", "llm")
         both = tables.common_seeds([fedmkt, public])

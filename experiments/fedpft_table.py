@@ -65,9 +65,11 @@ def _compare(
     wins, seeds = tables.seeds_holding([a["accuracy_by_seed"], b["accuracy_by_seed"]])
     sign = "<" if strict else "<="
     digits = 1 if f"{a['accuracy']:.1f}" != f"{b['accuracy']:.1f}" else 2  # show what decided it
+    noise = tables.claim_text([a["accuracy_by_seed"], b["accuracy_by_seed"]])
     return (
         f"- {suffix}: {LABELS[low]} {sign} {LABELS[high]}: {verdict} "
-        f"({a['accuracy']:.{digits}f} vs {b['accuracy']:.{digits}f}; lower in {wins} of {seeds} seeds)"
+        f"({a['accuracy']:.{digits}f} vs {b['accuracy']:.{digits}f}; lower in {wins} of {seeds} seeds; "
+        f"{noise})"
     )
 
 

@@ -139,6 +139,21 @@ def tabulate(
     return results
 
 
+def spread(evaluation: dict[str, Any], key: str) -> float:
+    """The std of ``key``: over the training seeds (the sample std of ``<key>_by_seed``, whatever std the
+    results file recorded) where there are several, else the recorded one (over the sampling seeds)."""
+    by_seed = evaluation.get(f"{key}_by_seed")
+    return tables.mean_std(by_seed.values())[1] if by_seed else evaluation.get(f"{key}_std", 0.0)
+
+
+def spread_cell(evaluation: dict[str, Any], key: str, digits: int) -> str:
+    """``mean ± std`` of ``key`` (`spread`); ``-`` where there is no ``key``."""
+    if key not in evaluation:
+        return "-"
+    has_std = f"{key}_by_seed" in evaluation or f"{key}_std" in evaluation
+    return tables.plus_minus(evaluation[key], spread(evaluation, key) if has_std else None, digits)
+
+
 ORDER = ("base_large", "fedavg_small", "fedavg_large", "fedavg_pt", "fedpt")
 
 
@@ -150,7 +165,7 @@ def columns(sets: list[tuple[str, str]]) -> list[layout.Column[layout.Entry]]:
         return res.get("memory") or {}
 
     def metric(header: str, key: str, digits: int = 4) -> layout.Column[layout.Entry]:
-        return layout.Column(header, lambda entry: layout.mean_std(entry[1]["eval"], key, digits))
+        return layout.Column(header, lambda entry: spread_cell(entry[1]["eval"], key, digits))
 
     return [
         layout.Column("method", lambda entry: LABELS[entry[0]]),
@@ -246,7 +261,7 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
     notes = []
     for label, prefix in sets:
         score = {m: r["eval"].get(prefix + "rougeL", math.nan) for m, r in results.items()}
-        std = {m: r["eval"].get(prefix + "rougeL_std", 0.0) for m, r in results.items()}
+        std = {m: spread(r["eval"], prefix + "rougeL") for m, r in results.items()}
         checks = [
             ("base_large", "fedavg_small", "<"),
             ("fedavg_small", "fedavg_pt", "<="),
@@ -269,6 +284,9 @@ def ordering_note(results: dict[str, Any], sets: list[tuple[str, str]]) -> str:
             if relation != "~" and all(columns):
                 held, total = tables.seeds_holding(columns, strict=relation == "<")  # type: ignore[arg-type]
                 count = f"; in {held} of {total} training seeds"
+            if all(columns):  # "~" too: its interval says whether the larger row is ahead beyond the noise
+                names = [LABELS[a], LABELS[b]] if relation == "~" else ()
+                count += "; " + tables.claim_text(columns, names, digits=4)  # type: ignore[arg-type]
             parts.append(f"{LABELS[a]} {relation} {LABELS[b]}: {verdict} ({gap:+.4f}{count})")
         if parts:
             notes.append(f"- {label}: " + "; ".join(parts))

@@ -196,12 +196,13 @@ def ordering(results: dict[str, dict[str, Any]], partitions: list[str]) -> list[
             other = results.get(f"{row}-{part}", {})
             if row == "fit" or METRIC not in fit or METRIC not in other:
                 continue
-            claim = tables.check(
-                [other[f"{METRIC}_by_seed"], fit[f"{METRIC}_by_seed"]], means=[other[METRIC], fit[METRIC]]
-            )
+            ours, theirs = other[f"{METRIC}_by_seed"], fit[f"{METRIC}_by_seed"]
+            claim = tables.check([ours, theirs], means=[other[METRIC], fit[METRIC]])
+            noise = tables.claim_text([theirs, ours], lower_is_better=True)  # perplexity: lower is better
             lines.append(
                 f"- {part}, {LABELS[row]} < FIT: {claim.verdict} on the mean "
-                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {claim.holding} of {claim.seeds} seeds"
+                f"({other[METRIC]:.2f} vs {fit[METRIC]:.2f}); lower in {claim.holding} of {claim.seeds} "
+                f"seeds; {noise}"
             )
     return lines
 

@@ -6,7 +6,8 @@ this package does the rest, one module a concern:
   `finals`);
 - `aggregate`: values over seeds (`over_seeds`, `seed_values`) and their cells (`cell`);
 - `verdicts`: claims (`check`, `verdict`, `on_common_seeds`; `paired_interval`, a claim's paired t
-  interval and its verdict);
+  interval and its verdict; `claim_text`, the intervals of a claim's adjacent rows as the
+  line stating it reads them);
 - `keep`: keeping earlier results (`fill_seeds`, the one way a seed is kept; `keep_earlier_rows`;
   `write_table`, which refuses to drop a recorded value);
 - `notes`: what closes a table's .md (`closing_notes`: what was kept, the replies servers rejected);
@@ -65,7 +66,9 @@ from experiments.tables.verdicts import (
     Interval,
     Verdict,
     check,
+    claim_text,
     common_seeds,
+    interval_texts,
     on_common_seeds,
     paired_interval,
     rises,
@@ -84,6 +87,7 @@ __all__ = [
     "carried_seeds",
     "cell",
     "check",
+    "claim_text",
     "closing_notes",
     "command_line",
     "common_seeds",
@@ -94,6 +98,7 @@ __all__ = [
     "fill_seeds",
     "finals",
     "finished_rows",
+    "interval_texts",
     "keep_earlier_rows",
     "keep_earlier_seeds",
     "kept_rows_note",

@@ -1,5 +1,5 @@
-"""Values over seeds: a value ``key`` of a row is ``key`` (the mean), ``key_std`` (the population std) and
-``key_by_seed``; a cell is ``mean ± std`` (the mean alone for one seed, ``-`` for none)."""
+"""Values over seeds: a value ``key`` of a row is ``key`` (the mean), ``key_std`` (the sample std, ddof 1)
+and ``key_by_seed``; a cell is ``mean ± sample std`` (the mean alone for one seed, ``-`` for none)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 
-def mean_std(values: Iterable[float], ddof: int = 0) -> tuple[float, float]:
-    """The mean and standard deviation of ``values``: the population one (``ddof`` 0, what the tables made
-    before the paired intervals record) or the sample one (``ddof`` 1; 0.0 for a single value)."""
+def mean_std(values: Iterable[float], ddof: int = 1) -> tuple[float, float]:
+    """The mean and standard deviation of ``values``: the sample one (``ddof`` 1, the default: seeds are a
+    sample of the runs one could make; 0.0 for a single value) or the population one (``ddof`` 0, what the
+    tables made before the paired intervals recorded in their results files)."""
     data = list(values)
     if len(data) <= ddof:
         return float(np.mean(data)), 0.0
@@ -19,7 +20,8 @@ def mean_std(values: Iterable[float], ddof: int = 0) -> tuple[float, float]:
 
 
 def over_seeds(key: str, by_seed: Mapping[str, float]) -> dict[str, Any]:
-    """``{key: mean, key_std: std, key_by_seed: {seed: value}}`` (seeds in numeric order); {} for none."""
+    """``{key: mean, key_std: sample std, key_by_seed: {seed: value}}`` (seeds in numeric order); {} for
+    none."""
     if not by_seed:
         return {}
     ordered = {seed: float(by_seed[seed]) for seed in sorted(by_seed, key=int)}
@@ -43,10 +45,10 @@ def plus_minus(mean: float, std: float | None = None, digits: int = 2) -> str:
 
 
 def cell(
-    values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0, ddof: int = 0
+    values: Mapping[str, float] | Iterable[float] | None, digits: int = 2, scale: float = 1.0, ddof: int = 1
 ) -> str:
-    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale`` (``ddof`` as `mean_std`); the mean
-    alone for one value, ``-`` for none."""
+    """``mean ± std`` of ``values`` (by seed, or a list) times ``scale`` (the sample std; ``ddof`` as
+    `mean_std`); the mean alone for one value, ``-`` for none."""
     data = list(values.values() if isinstance(values, Mapping) else values or [])
     if not data:
         return "-"

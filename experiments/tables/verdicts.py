@@ -137,3 +137,43 @@ def paired_interval(
     sd = float(gains.std(ddof=1))
     half = float(stats.t.ppf(0.5 + level / 2, len(gains) - 1)) * sd / np.sqrt(len(gains))
     return Interval(mean, sd, mean - half, mean + half, len(gains), level)
+
+
+def claim_text(
+    columns: Sequence[Mapping[str, float]],
+    names: Sequence[str] = (),
+    *,
+    lower_is_better: bool = False,
+    digits: int = 2,
+    scale: float = 1.0,
+) -> str:
+    """A claim's verdict by its noise, for the line that states it on means: ``columns`` (seed -> value
+    each) run from the row claimed worst to the best, and each adjacent pair gets its `paired_interval`
+    (values times ``scale``). Two columns: ``by interval: holds (gain 0.12, 95% CI [0.01, 0.23], 3 seeds)``;
+    with ``names`` (needed for more columns: a < b < c) each pair is named: ``by interval: b over a holds
+    (...); c over b tie (...)``."""
+    return "by interval: " + "; ".join(
+        interval_texts(columns, names, lower_is_better=lower_is_better, digits=digits, scale=scale)
+    )
+
+
+def interval_texts(
+    columns: Sequence[Mapping[str, float]],
+    names: Sequence[str] = (),
+    *,
+    lower_is_better: bool = False,
+    digits: int = 2,
+    scale: float = 1.0,
+) -> list[str]:
+    """The parts of `claim_text`, one per adjacent pair of ``columns``: ``holds (...)`` or, with ``names``,
+    ``b over a holds (...)``."""
+    if len(names) not in (0, len(columns)):
+        raise ValueError(f"claim_text: {len(names)} names for {len(columns)} columns")
+    if len(columns) > 2 and not names:
+        raise ValueError(f"claim_text: a claim of {len(columns)} rows needs their names")
+    scaled = [{seed: scale * value for seed, value in column.items()} for column in columns]
+    parts = []
+    for index, (worse, better) in enumerate(itertools.pairwise(scaled)):
+        text = paired_interval(worse, better, lower_is_better=lower_is_better).text(digits)
+        parts.append(f"{names[index + 1]} over {names[index]} {text}" if names else text)
+    return parts

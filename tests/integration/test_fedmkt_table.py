@@ -89,10 +89,16 @@ def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
         "centralized": {"llm": {"0": 0.5}},
     }
     lines = fedmkt_table.ordering(table, ["s"])
-    assert lines[0] == "- s: Zero-shot 50.0 < Standalone 57.5 < FedMKT 59.0: **holds**, in 1 of 2 seeds"
+    # by interval, each adjacent pair (x 100): gains 5, 10 (mean 7.5, sd 3.54) and 5, -2 (mean 1.5, sd
+    # 4.95); t(1 df, 0.975) = 12.71, so the half widths are 12.71 * sd / sqrt(2): 31.77 and 44.47
+    assert lines[0] == (
+        "- s: Zero-shot 50.0 < Standalone 57.5 < FedMKT 59.0: **holds**, in 1 of 2 seeds; by interval: "
+        "Standalone over Zero-shot tie (gain 7.50, 95% CI [-24.27, 39.27], 2 seeds); "
+        "FedMKT over Standalone tie (gain 1.50, 95% CI [-42.97, 45.97], 2 seeds)"
+    )
     assert lines[1] == (
         "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0 on the same seed, FedMKT - Centralized "
-        "+0.0): **tie**, in 1 of 2 seeds"
+        "+0.0): **tie**, in 1 of 2 seeds; by interval: tie (gain 0.00, 95% CI [-127.06, 127.06], 2 seeds)"
     )
 
 
@@ -106,7 +112,7 @@ def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
     argv += ["--results-dir", str(results_dir), "--settings", "one", "--seeds", "0", "1", "--table-only"]
     fedmkt_table.main([*argv, "--keep-earlier"])
     table = (results_dir / "table-fedmkt-tiny.md").read_text()
-    assert "| FedMKT | 60.0 ± 10.0 | 60.0 | - | - | 2 |" in table
+    assert "| FedMKT | 60.0 ± 14.1 | 60.0 | - | - | 2 |" in table  # 50 and 70: sample std 14.14
     assert "  - FedMKT: 0, 1" in table
     saved = json.loads((results_dir / "table-fedmkt-tiny.json").read_text())["results"]
     assert saved["carried"] == {"wic-one": {"fedmkt": ["0", "1"]}}
@@ -156,7 +162,7 @@ def test_the_llm_is_compared_with_centralized_on_the_seeds_both_have() -> None:
     }
     assert fedmkt_table.ordering(table, []) == [
         "- LLM: Zero-shot 20.0 < FedMKT 30.0 (Centralized 40.0 on the same seed, FedMKT - Centralized "
-        "-10.0): **holds**"
+        "-10.0): **holds**; by interval: one seed (gain 10.00)"
     ]
 
 
@@ -168,7 +174,11 @@ def test_equal_means_are_a_tie_whatever_the_float_order_of_summing() -> None:
         "fedmkt": {"llm": {"0": 37 / 96, "1": 32 / 96, "2": 37 / 96}},
     }
     (line,) = fedmkt_table.ordering(table, [])
-    assert line == "- LLM: Zero-shot 36.8 < FedMKT 36.8: **tie**, in 1 of 3 seeds"
+    # the paired gains (-1, -1, 2) / 96 x 100 sum to 0 exactly too: a tie by interval as well
+    assert line == (
+        "- LLM: Zero-shot 36.8 < FedMKT 36.8: **tie**, in 1 of 3 seeds; "
+        "by interval: tie (gain 0.00, 95% CI [-4.48, 4.48], 3 seeds)"
+    )
 
 
 def test_rounds_file_gives_every_round_of_the_fedmkt_run_with_the_samples_selected(tmp_path: Path) -> None:
@@ -258,8 +268,10 @@ def test_the_ordering_compares_the_rows_on_the_seeds_they_all_have() -> None:
     lines = fedmkt_table.ordering(table, ["s"])
     assert lines == [
         "- s: Zero-shot 50.0 < Standalone 55.0 < FedMKT 60.0 (on seed 0, which every row compared has): "
-        "**holds**",
-        "- LLM: Zero-shot 40.0 < FedMKT 50.0 (on seed 0, which every row compared has): **holds**",
+        "**holds**; by interval: Standalone over Zero-shot one seed (gain 5.00); "
+        "FedMKT over Standalone one seed (gain 5.00)",
+        "- LLM: Zero-shot 40.0 < FedMKT 50.0 (on seed 0, which every row compared has): **holds**; "
+        "by interval: one seed (gain 10.00)",
     ]
     table["fedmkt"]["s"] = {"2": 0.0}  # no seed in common: nothing to compare
     assert not any(line.startswith("- s:") for line in fedmkt_table.ordering(table, ["s"]))

@@ -57,12 +57,15 @@ def test_an_ordering_decided_below_the_shown_precision_shows_more_digits() -> No
     }
     lines = fedpft_table.ordering(results, ["lexclass-dir1"])
 
+    # by interval: gains -0.1, 0.2 (mean 0.05, sd 0.21) and 2.9, -0.4 (mean 1.25, sd 2.33), t(1 df) = 12.71
     assert (
         "- lexclass-dir1: FedPFT w/o neuron-level distillation < FedPFT: "
-        "holds (33.20 vs 33.25; lower in 1 of 2 seeds)"
+        "holds (33.20 vs 33.25; lower in 1 of 2 seeds; "
+        "by interval: tie (gain 0.05, 95% CI [-1.86, 1.96], 2 seeds))"
     ) in lines
     assert (
-        "- lexclass-dir1: FedOT (layer drop) < FedPFT: holds (32.0 vs 33.2; lower in 1 of 2 seeds)"
+        "- lexclass-dir1: FedOT (layer drop) < FedPFT: holds (32.0 vs 33.2; lower in 1 of 2 seeds; "
+        "by interval: tie (gain 1.25, 95% CI [-19.72, 22.22], 2 seeds))"
     ) in lines
 
 

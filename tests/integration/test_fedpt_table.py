@@ -66,7 +66,8 @@ def test_training_seeds_run_apart_and_the_table_counts_the_seeds_each_ordering_h
     assert fedpt["eval"]["rougeL"] == (by_seed["0"] + by_seed["1"]) / 2
     text = (tmp_path / "results" / "table-fedpt-tiny.md").read_text()
     assert "mean ± std over 2 training seeds" in text
-    assert "FedAvg+PT <= FedPT: " in text and " of 2 training seeds)" in text
+    assert "FedAvg+PT <= FedPT: " in text and " of 2 training seeds; by interval: " in text
+    assert "95% CI [" in text and ", 2 seeds))" in text  # the claim's paired interval over the 2 seeds
     assert f"| FedPT | {by_seed['0']:.4f} | {by_seed['1']:.4f} |" in text
 
 
@@ -77,7 +78,8 @@ def test_over_training_seeds_takes_the_std_over_seeds_and_keeps_one_seed_as_it_i
         {"0": one, "1": {"rougeL": 0.4, "rougeL_std": 0.01, "alpha": 2.0, "alpha_study/1.0": 0.3}}
     )
     assert abs(two["rougeL"] - 0.3) < 1e-12
-    assert abs(two["rougeL_std"] - 0.1) < 1e-12  # over the training seeds, not the sampling seeds
+    # over the training seeds, not the sampling seeds: 0.2 and 0.4, sample std 0.1 * sqrt(2)
+    assert abs(two["rougeL_std"] - 0.1 * 2**0.5) < 1e-12
     assert two["rougeL_by_seed"] == {"0": 0.2, "1": 0.4}
     assert two["alpha_by_seed"] == {"0": 1.5, "1": 2.0} and "alpha" not in two
     assert not any(key.startswith("alpha_study/") for key in two)

@@ -65,7 +65,10 @@ def test_keep_earlier_fills_only_the_seeds_asked_for_whose_runs_are_missing(tmp_
     # seed 0 is carried, seed 1's own run wins over the earlier 99, seed 2 has neither, seed 7 was not asked
     assert result["carried_seeds"] == ["0"] and result["seeds"] == 2
     assert result[f"{perfit_table.METRIC}_by_seed"] == {"0": 12.0, "1": 10.0}
-    assert result[perfit_table.METRIC] == 11.0 and result[f"{perfit_table.METRIC}_std"] == 1.0
+    # 12 and 10: sample std sqrt(1 + 1) = 1.41
+    assert result[perfit_table.METRIC] == 11.0 and result[f"{perfit_table.METRIC}_std"] == pytest.approx(
+        2**0.5
+    )
     # the facts of a row come from its first seed: carried here, so they are the earlier ones
     assert result["by_client"] == {"c00": 5.0} and result["mb_up_per_round"] == 8.0
     only_earlier = perfit_table.summarise(runs[:1], earlier)
@@ -88,7 +91,7 @@ def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
     argv += ["--rows", "perfit_s0.5", "--seeds", "0", "1", "--table-only"]
     perfit_table.main([*argv, "--keep-earlier"])
     table = (results_dir / "table-perfit-tiny.md").read_text()
-    assert "| PerFIT s = 0.5 | pathological | 20.00 | 13.00 ± 1.00 |" in table
+    assert "| PerFIT s = 0.5 | pathological | 20.00 | 13.00 ± 1.41 |" in table  # 12, 14: sample std 1.41
     assert "- PerFIT s = 0.5, pathological: seeds 0, 1" in table and "--keep-earlier" in table
     with pytest.raises(SystemExit, match=r"table-perfit-tiny\.json: this write would drop"):
         perfit_table.main(argv)  # without the flag the seeds made elsewhere would go: refused

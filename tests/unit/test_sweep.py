@@ -17,13 +17,14 @@ def _run(path: Path, rows: list[dict[str, object]], rounds: int = 2, tail: str =
 
 
 def test_a_cell_is_mean_plus_minus_std_over_seeds_the_mean_alone_for_one() -> None:
-    assert tables.cell({"0": 12.0, "1": 10.0}) == "11.00 ± 1.00"
-    assert tables.cell([0.5, 0.7], digits=1, scale=100.0) == "60.0 ± 10.0"
+    # the sample std: two seeds 1 apart from their mean give sqrt((1 + 1) / (2 - 1)) = 1.41
+    assert tables.cell({"0": 12.0, "1": 10.0}) == "11.00 ± 1.41"
+    assert tables.cell([0.5, 0.7], digits=1, scale=100.0) == "60.0 ± 14.1"
     assert tables.cell({"0": 0.5}, 1, 100.0) == "50.0"
     assert tables.cell({}) == tables.cell(None) == "-"
     assert tables.over_seeds("acc", {"10": 1.0, "2": 3.0}) == {
         "acc": 2.0,
-        "acc_std": 1.0,
+        "acc_std": pytest.approx(2**0.5),  # 1 and 3: sample std sqrt(2)
         "acc_by_seed": {"2": 3.0, "10": 1.0},
     }
     assert list(tables.over_seeds("acc", {"10": 1.0, "2": 3.0})["acc_by_seed"]) == ["2", "10"]

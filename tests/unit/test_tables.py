@@ -45,16 +45,18 @@ def test_values_are_aggregated_over_the_seeds_that_have_them() -> None:
     evaluations = {"1": {"accuracy": 0.7}, "0": {"accuracy": 0.5, "macro_f1": 0.25}}
     # Execute
     values = tables.seed_values(evaluations, ["accuracy", "macro_f1", "rougeL"], scale=100)
-    # Assert: mean, population std, per seed in numeric order; a key no seed has is left out
+    # Assert: mean, sample std (seeds 50 and 70: sqrt((10^2 + 10^2) / (2 - 1)) = 14.14), per seed in
+    # numeric order; a key no seed has is left out, one seed has no spread
     assert values == {
         "accuracy": 60.0,
-        "accuracy_std": 10.0,
+        "accuracy_std": pytest.approx(200**0.5),
         "accuracy_by_seed": {"0": 50.0, "1": 70.0},
         "macro_f1": 25.0,
         "macro_f1_std": 0.0,
         "macro_f1_by_seed": {"0": 25.0},
     }
-    assert tables.cell(values["accuracy_by_seed"], 1) == "60.0 ± 10.0"
+    assert tables.cell(values["accuracy_by_seed"], 1) == "60.0 ± 14.1"
+    assert tables.cell(values["accuracy_by_seed"], 1, ddof=0) == "60.0 ± 10.0"  # the population std
     assert tables.cell(values["macro_f1_by_seed"], 1) == "25.0"
 
 
@@ -117,11 +119,32 @@ def test_a_paired_interval_says_reversed_tie_and_one_seed() -> None:
     assert (single.verdict, single.text()) == ("one seed", "one seed (gain 1.00)")
 
 
-def test_a_sample_std_is_the_population_one_times_sqrt_n_over_n_minus_1() -> None:
+def test_the_std_is_the_sample_one_the_population_one_times_sqrt_n_over_n_minus_1() -> None:
     values = [1.0, 2.0, 4.0]
-    assert tables.mean_std(values, ddof=1)[1] == pytest.approx(tables.mean_std(values)[1] * (3 / 2) ** 0.5)
-    assert tables.mean_std([3.0], ddof=1) == (3.0, 0.0)
-    assert tables.cell({"0": 1.0, "1": 3.0}, 2, ddof=1) == "2.00 ± 1.41"
+    assert tables.mean_std(values) == tables.mean_std(values, ddof=1)  # the default
+    assert tables.mean_std(values)[1] == pytest.approx(tables.mean_std(values, ddof=0)[1] * (3 / 2) ** 0.5)
+    assert tables.mean_std([3.0]) == (3.0, 0.0)
+    # 1 and 3: sample std sqrt(1 + 1) = 1.41, population std 1
+    assert tables.cell({"0": 1.0, "1": 3.0}, 2) == "2.00 ± 1.41"
+    assert tables.over_seeds("acc", {"0": 1.0, "1": 3.0})["acc_std"] == pytest.approx(2**0.5)
+
+
+def test_a_claims_text_gives_the_interval_of_each_adjacent_pair_the_way_better_lies() -> None:
+    # Prepare: perplexity, lower is better: FIT worse than PerFIT by 1, 2, 3 on seeds 0-2
+    fit, perfit = {"0": 10.0, "1": 10.0, "2": 10.0}, {"0": 9.0, "1": 8.0, "2": 7.0}
+    # gains 1, 2, 3: mean 2, sample sd 1, t(2 df, 0.975) = 4.302652729911275, half width 2.48
+    pair = tables.claim_text([fit, perfit], lower_is_better=True)
+    # Accuracy, higher is better, in percent: a < b < c, b and c apart by seed noise only
+    low, mid, high = {"0": 0.1, "1": 0.2}, {"0": 0.3, "1": 0.4}, {"0": 0.35, "1": 0.35}
+    chain = tables.claim_text([low, mid, high], ["a", "b", "c"], scale=100.0, digits=1)
+    # Assert
+    assert pair == "by interval: tie (gain 2.00, 95% CI [-0.48, 4.48], 3 seeds)"
+    assert chain == (
+        "by interval: b over a holds (gain 20.0, 95% CI [20.0, 20.0], 2 seeds); "
+        "c over b tie (gain 0.0, 95% CI [-63.5, 63.5], 2 seeds)"
+    )
+    with pytest.raises(ValueError, match="a claim of 3 rows needs their names"):
+        tables.claim_text([low, mid, high])
 
 
 def test_the_closing_notes_name_what_was_kept_and_what_was_rejected(tmp_path: Path) -> None:
@@ -160,7 +183,8 @@ def test_a_declared_layout_lays_rows_out_under_its_columns() -> None:
 def test_the_shared_columns_read_a_results_entry() -> None:
     results = {"fit-iid": {"mb_up": 1.234, "acc_by_seed": {"0": 50.0, "1": 70.0}, "seeds": 2}}
     columns = [layout.value("MB up", "mb_up", 1), layout.over_seeds("acc", "acc", scale=0.5), layout.SEEDS]
-    assert layout.table(columns, results.items()).splitlines()[2] == "| 1.2 | 30.0 ± 5.0 | 2 |"
+    # 50 and 70 times 0.5: 25 and 35, sample std sqrt(5^2 + 5^2) = 7.07
+    assert layout.table(columns, results.items()).splitlines()[2] == "| 1.2 | 30.0 ± 7.1 | 2 |"
     one_seed = {"seeds": 1, "acc": 0.5, "acc_by_seed": {"0": 0.5}}
     assert layout.seeds_cell(one_seed, "acc", 100, seeds=3) == "50.00 (n=1)"
     assert (
@@ -212,11 +236,12 @@ def test_render_rewrites_a_tables_markdown_from_its_results_file_alone(tmp_path:
     parser = tables.table_parser(None)
     # Execute
     written = tables.render(json_path, parser, {"table-": _render_table, "table-y": _render_table}, tmp_path)
-    # Assert: the options are the recorded command's; the numbers the file's; the note the .md's
+    # Assert: the options are the recorded command's; the numbers the file's (50, 70: sample std 14.14);
+    # the note the .md's
     assert written == tmp_path / "table-x.md"
     assert (
         written.read_text()
-        == "# perfit-tiny, seeds [0, 1]\n\n| row | acc |\n|---|---|\n| fit | 60.0 ± 10.0 |" + note
+        == "# perfit-tiny, seeds [0, 1]\n\n| row | acc |\n|---|---|\n| fit | 60.0 ± 14.1 |" + note
     )
 
 
