@@ -2,8 +2,9 @@
 
 A FedPT or FedAvg+PT run picks alpha at its last round by validation Rouge-L (by default on 12 examples,
 one sampling seed: noisy), in ``fedpt.alpha_grid``. alpha only scales the proxy at decoding; training never
-reads the searched value (FedPT's teacher uses ``fedpt.alpha``), so the search can be redone on a finished
-run's saved output (Alg. 1's small model, ``artifacts/adapter``) without training again. For each run:
+reads the final search's value (FedPT's teacher follows earlier searches only, and with ``alpha_search:
+final`` stays at ``fedpt.alpha``), so the search can be redone on a finished run's saved output (Alg. 1's
+small model, ``artifacts/adapter``) without training again. For each run:
 
 - validation perplexity at each alpha of ``--grid`` on ``--validation-examples`` validation examples
   (deterministic, nothing decoded) and the alpha it picks (the lowest);

@@ -376,3 +376,37 @@ def test_fp16_wire_halves_the_emulator_bytes(tmp_path: Path) -> None:
     assert 0.45 < fp16["bytes_down"] / fp32["bytes_down"] < 0.6
     assert 0.45 < fp16["emulator_mb_down"] / fp32["emulator_mb_down"] < 0.6  # MB rounded to 0.01
     assert np.isfinite(fp16["train_loss"]) and fp16["train_loss"] != fp32["train_loss"]
+
+
+@pytest.mark.parametrize("kl_order", ["emulator_first", "full_first"])
+def test_the_alignment_takes_the_kl_in_the_configured_order(
+    kl_order: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fedtune.algorithms.fedbiot.emulator as emulator
+
+    orders: list[str] = []
+    loss = emulator.emulator_alignment_loss
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        orders.append(kwargs["kl_order"])
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(emulator, "emulator_alignment_loss", spy)
+    overrides = () if kl_order == "emulator_first" else (f"fedbiot.kl_order={kl_order}",)  # the default
+    cfg = tiny_config("fedbiot", "fed.rounds=1", *overrides)
+    algorithm, fed, server = _built(cfg, tmp_path / "run")
+    fed.begin_round(1)
+    algorithm.run_round(1, server, fed)
+    assert orders == [kl_order] * (cfg.fedbiot.init_steps + cfg.fedbiot.align_steps)
+
+
+def test_the_kl_order_enters_the_initial_distillations_fingerprint_only_with_a_kl_term() -> None:
+    from fedtune.algorithms.fedbiot.config import init_fingerprint
+
+    def fingerprint(*overrides: str) -> dict[str, Any]:
+        return init_fingerprint(tiny_config("fedbiot", *overrides))
+
+    assert fingerprint() != fingerprint("fedbiot.kl_order=full_first")
+    # FedOT's and Offsite-tuning's distillation has no KL: their shared caches stay valid.
+    no_kl = "fedbiot.align_lambda=0"
+    assert fingerprint(no_kl) == fingerprint(no_kl, "fedbiot.kl_order=full_first")

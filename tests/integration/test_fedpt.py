@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedtune.algorithms.fedpt import FedPT, kd_loss
+from fedtune.algorithms.fedpt.distillation import frozen_teacher
 from fedtune.eval.evaluate import EvalSet
 from fedtune.fl.payload import Payload
 from fedtune.models.loading import load_causal_lm
@@ -68,8 +69,8 @@ def test_cached_teacher_plus_alpha_times_tuned_is_the_proxy(tmp_path: Path, dtyp
                 param.normal_(0.0, 0.5)
     batch = algorithm._kd_batches[0]
     large = algorithm.large(server)
-    assert algorithm._teacher is not None
-    frozen = algorithm._teacher.get(0, lambda: algorithm._frozen_teacher(model, large, batch))
+    cache = algorithm._teacher_cache(1.5)
+    frozen = cache.get(0, lambda: frozen_teacher(model, large, batch, 1.5, algorithm.vocab_width))
     with torch.inference_mode():
         tuned, _ = labelled_logits(model, batch)
         with model.disable_adapter():
@@ -78,7 +79,7 @@ def test_cached_teacher_plus_alpha_times_tuned_is_the_proxy(tmp_path: Path, dtyp
     tolerance = 1e-4 if dtype == "fp32" else 2e-2
     torch.testing.assert_close(frozen + 1.5 * tuned.float(), expected, atol=tolerance, rtol=0)
     # Served from disk the second time, identical to the first.
-    again = algorithm._teacher.get(0, lambda: pytest.fail("recomputed a cached teacher"))  # type: ignore[arg-type]
+    again = cache.get(0, lambda: pytest.fail("recomputed a cached teacher"))  # type: ignore[arg-type]
     torch.testing.assert_close(again, frozen)
 
 
@@ -133,8 +134,7 @@ def test_the_public_set_can_be_another_dataset(tmp_path: Path) -> None:
     assert len(texts) == shifted.fedpt.kd_examples and texts <= {tuple(ex.input_ids) for ex in arith}
     default, _, _ = _built(tiny_config("fedpt"), tmp_path / "default")
     assert not texts & _kd_texts(default)
-    assert algorithm._teacher is not None
-    meta = json.loads((algorithm._teacher.directory / "meta.json").read_text())
+    meta = json.loads((algorithm._teacher_cache(shifted.fedpt.alpha).directory / "meta.json").read_text())
     assert meta["public_dataset"] == "arith-word-problems"
     with pytest.raises(DataError, match=r"fedpt\.public_dataset: .*arith-word-problem"):
         _built(tiny_config("fedpt", "fedpt.public_dataset=arith-word-problem"), tmp_path / "bad")
@@ -373,3 +373,62 @@ def test_alpha_search_metric_that_cannot_score_the_proxy_is_a_config_error() -> 
 
     with pytest.raises(ConfigError, match="alpha_search_metric"):
         tiny_config("fedpt", "fedpt.alpha_search_metric=acc")
+
+
+# fedpt.alpha off the grid, so the teacher's alpha says which one it is; a search every eval round.
+EVERY_ROUND_SEARCH = (
+    "fedpt.alpha=0.7",
+    "fedpt.alpha_grid=[0.5,1.0]",
+    "fedpt.alpha_search=every",
+    "fedpt.alpha_search_metric=perplexity",
+    "eval.metrics=[perplexity]",
+)
+
+
+@pytest.mark.parametrize("teacher_alpha", ["searched", "fixed"])
+def test_the_teacher_follows_the_latest_searched_alpha_unless_fixed(
+    teacher_alpha: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fedtune.algorithms.fedpt.server as fedpt_module
+
+    proxy_alphas: list[float] = []
+    frozen_alphas: list[float] = []
+    proxy_teacher, frozen_teacher = fedpt_module.proxy_teacher, fedpt_module.frozen_teacher
+
+    def proxy_spy(frozen: Any, z_tuned: Any, alpha: float, width: int) -> Any:
+        proxy_alphas.append(alpha)
+        return proxy_teacher(frozen, z_tuned, alpha, width)
+
+    def frozen_spy(model: Any, large: Any, batch: Any, alpha: float, width: int) -> Any:
+        frozen_alphas.append(alpha)
+        return frozen_teacher(model, large, batch, alpha, width)
+
+    monkeypatch.setattr(fedpt_module, "proxy_teacher", proxy_spy)
+    monkeypatch.setattr(fedpt_module, "frozen_teacher", frozen_spy)
+    overrides = () if teacher_alpha == "searched" else (f"fedpt.teacher_alpha={teacher_alpha}",)  # default
+    cfg = tiny_config("fedpt", *EVERY_ROUND_SEARCH, *overrides)
+    history = quiet_runner(cfg, tmp_path / "run").run()
+    searched = history[1]["eval"]["alpha"]
+    assert searched in cfg.fedpt.alpha_grid and "alpha_study/0.5" in history[1]["eval"]
+    steps = cfg.fedpt.kd_steps
+    # Round 1 distils before any search: fedpt.alpha; round 2 after round 1's search.
+    second = searched if teacher_alpha == "searched" else cfg.fedpt.alpha
+    assert proxy_alphas == [cfg.fedpt.alpha] * steps + [second] * steps
+    # The frozen part C = z_l0 - alpha z_s0 is computed (and cached) at the teacher's alpha.
+    assert set(frozen_alphas) == {cfg.fedpt.alpha, second}
+
+
+def test_resume_after_a_search_equals_uninterrupted(tmp_path: Path) -> None:
+    from tests.integration.test_contract import Interrupt
+
+    cfg = tiny_config("fedpt", *EVERY_ROUND_SEARCH, "fed.rounds=3")
+    full = quiet_runner(cfg, tmp_path / "full").run()
+
+    def die_in_round_3(client: str, task: str, rnd: int) -> None:
+        if rnd == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        quiet_runner(cfg, tmp_path / "cut", before_task=die_in_round_3).run()
+    resumed = quiet_runner(cfg, tmp_path / "cut").run(resume=True)
+    assert stable(resumed) == stable(full)

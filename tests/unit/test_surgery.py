@@ -147,8 +147,46 @@ def test_alignment_loss_on_fixed_tensors() -> None:
     logits_s = torch.tensor([[0.0, 0.0], [0.0, float(torch.log(torch.tensor(3.0)))]])
     # Row 2: KL([.5, .5] || [.25, .75]) = .5 ln 2 + .5 ln(2/3); row 1: 0; mean over the 2 rows.
     kl_row = 0.5 * torch.log(torch.tensor(2.0)) + 0.5 * torch.log(torch.tensor(2 / 3))
-    loss, _, kl = emulator_alignment_loss(student, teacher, logits_s, logits_t, lam=2.0)
+    loss, _, kl = emulator_alignment_loss(
+        student, teacher, logits_s, logits_t, lam=2.0, kl_order="full_first"
+    )
     assert kl.item() == pytest.approx(kl_row.item() / 2, rel=1e-5)
     assert loss.item() == pytest.approx(1 / 6 + 2.0 * kl_row.item() / 2, rel=1e-5)
-    zero_lam, _, kl_off = emulator_alignment_loss(student, teacher, logits_s, logits_t, lam=0.0)
-    assert zero_lam.item() == pytest.approx(1 / 6) and kl_off.item() == 0.0
+    for kl_order in ("emulator_first", "full_first"):
+        zero_lam, _, kl_off = emulator_alignment_loss(
+            student, teacher, logits_s, logits_t, lam=0.0, kl_order=kl_order
+        )
+        assert zero_lam.item() == pytest.approx(1 / 6) and kl_off.item() == 0.0
+
+
+@pytest.mark.parametrize("kl_order", ["emulator_first", "full_first"])
+def test_alignment_kl_is_taken_in_the_configured_order(kl_order: str) -> None:
+    hidden = torch.ones(2, 2)
+    full_logits = torch.tensor([[0.0, 0.0], [0.0, 0.0]])  # the teacher, M(x; A, E*)
+    three = float(torch.log(torch.tensor(3.0)))
+    emulator_logits = torch.tensor([[0.0, 0.0], [0.0, three]])  # the student, M(x; A, E)
+    p_full, p_emulator = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
+    # Row 1 is 0 in both orders; the mean over the 2 rows is half of row 2's KL.
+    by_order = {
+        "emulator_first": (p_emulator * (p_emulator / p_full).log()).sum(),  # eq. 2: KL(p_E || p_E*)
+        "full_first": (p_full * (p_full / p_emulator).log()).sum(),
+    }
+    assert by_order["emulator_first"].item() != pytest.approx(by_order["full_first"].item(), rel=1e-2)
+    loss, _, kl = emulator_alignment_loss(
+        hidden, hidden, emulator_logits, full_logits, lam=2.0, kl_order=kl_order
+    )
+    assert kl.item() == pytest.approx(by_order[kl_order].item() / 2, rel=1e-5)
+    assert loss.item() == pytest.approx(by_order[kl_order].item(), rel=1e-5)
+
+
+def test_the_emulator_first_kl_trains_the_emulator_towards_the_full_model() -> None:
+    full_logits = torch.tensor([[0.0, 2.0]])
+    emulator_logits = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    hidden = torch.ones(1, 2)
+    loss, _, _ = emulator_alignment_loss(
+        hidden, hidden, emulator_logits, full_logits, lam=1.0, kl_order="emulator_first"
+    )
+    loss.backward()
+    assert emulator_logits.grad is not None
+    # d KL(p_E || p_E*) / d z_E pushes z_E towards the full model's token 2.
+    assert emulator_logits.grad[0, 1] < 0 < emulator_logits.grad[0, 0]

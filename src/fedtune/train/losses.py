@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -90,12 +90,21 @@ def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> t
     return F.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
 
 
+def summed_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """Summed KL(p || q) over rows of ``[N, V]`` logits (temperature 1, the shared first V columns).
+
+    ``F.kl_div(input, target)`` is KL(target || input): ``q`` goes in as the input, ``p`` as the
+    target; gradients flow through both.
+    """
+    width = min(p_logits.shape[-1], q_logits.shape[-1])
+    log_q = F.log_softmax(q_logits[..., :width].float(), dim=-1)
+    log_p = F.log_softmax(p_logits[..., :width].float(), dim=-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="sum")
+
+
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Summed forward KL(p_teacher || p_student) over rows of ``[N, V]`` logits (temperature 1)."""
-    width = min(student_logits.shape[-1], teacher_logits.shape[-1])
-    student = F.log_softmax(student_logits[..., :width].float(), dim=-1)
-    teacher = F.log_softmax(teacher_logits[..., :width].float(), dim=-1)
-    return F.kl_div(student, teacher, log_target=True, reduction="sum")
+    return summed_kl(teacher_logits, student_logits)
 
 
 def proximal_term(params: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -119,13 +128,22 @@ def emulator_alignment_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
     lam: float,
+    *,
+    kl_order: Literal["emulator_first", "full_first"],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FedBiOT's eq. (2) on N positions: normalised hidden MSE + lam * mean KL(p_teacher || p_student).
+    """FedBiOT's eq. (2) on N positions: normalised hidden MSE + lam * mean KL over positions.
 
-    Returns ``(loss, mse, kl)``; the KL is the mean over positions of the forward KL of the
-    full-model-with-adapter's next-token distribution from the emulator-with-adapter's.
+    The student is the emulator with the adapter, M(x; A, E); the teacher the full model with it,
+    M(x; A, E*). ``kl_order: emulator_first`` is eq. (2)'s KL(p_student || p_teacher);
+    ``full_first`` the usual distillation order KL(p_teacher || p_student). Returns
+    ``(loss, mse, kl)``.
     """
     mse = normalised_hidden_mse(student_hidden, teacher_hidden)
     rows = max(1, student_logits.shape[0])
-    kl = distillation_kl(student_logits, teacher_logits) / rows if lam > 0 else mse.new_zeros(())
+    if lam <= 0:
+        kl = mse.new_zeros(())
+    elif kl_order == "emulator_first":
+        kl = summed_kl(student_logits, teacher_logits) / rows
+    else:
+        kl = distillation_kl(student_logits, teacher_logits) / rows
     return mse + lam * kl, mse.detach(), kl.detach()

@@ -11,7 +11,7 @@ emulator model = embeddings + E + A + final norm + head, and train only A.
 - **Setup**: E is distilled for ``init_steps`` (I_0) steps of eq. (2) on the public set.
 - **Round t**: the server first takes ``align_steps`` (E) more steps of eq. (2) with the current adapter
   -- normalised hidden-state MSE between E's and E*'s outputs on the same input
-  (``||E(h) - E*(h)||^2 / ||E*(h)||^2``) + ``align_lambda`` x KL(M(x; A, E*) || M(x; A, E)) over
+  (``||E(h) - E*(h)||^2 / ||E*(h)||^2``) + ``align_lambda`` x KL(M(x; A, E) || M(x; A, E*)) over
   every non-pad position; only E trains (SGD by default, as the paper). It then sends each sampled
   client the adapter, plus the emulator if that client does not hold the current version, plus the
   frozen parts (embeddings, norm, head; in LoRA mode the adapter layers' base weights) on first
@@ -46,11 +46,11 @@ Choices where the paper is silent, and deviations:
   general instruction set, likewise shifted from the math and code tasks).
 - The KL and MSE terms are averaged over all non-pad positions of a public batch (public data may be
   unlabelled); the MSE is normalised by the teacher's mean square as docs/methods.md specifies.
-- Deviation: the KL term is KL(M(x; A, E*) || M(x; A, E)), the full model's distribution first
-  (``train.losses.distillation_kl``, teacher first, as FedPT's distillation: its gradient on
-  the emulator's logits is p_E - p_E*); eq. (2) writes D_KL(M(x; A, E) || M(x; A, E*)), the emulator
-  first, while the paper's prose names the full model first. Eq. (2)'s order has not been run here;
-  there is no option for it yet.
+- The KL term is eq. (2)'s D_KL(M(x; A, E) || M(x; A, E*)), the emulator model's distribution first
+  (``kl_order: emulator_first``, the default; the paper's prose names the full model first). The usual
+  distillation order KL(M(x; A, E*) || M(x; A, E)) (``train.losses.distillation_kl``, teacher first,
+  as FedPT's distillation) is the ablation ``kl_order: full_first``, which runs made before the key
+  existed used.
 - Deviation: each round trains the ``fed.clients_per_round`` sampled clients and averages their
   adapters weighted by example count (FedAvg's p_m of eq. (1) and Step 3, which leave p_m open), where
   Alg. 1 trains all M clients and averages uniformly (1/M, l. 15). The paper configs sample 3 of 10

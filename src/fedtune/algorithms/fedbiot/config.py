@@ -38,6 +38,10 @@ class FedBiOTConfig(AlgorithmConfig):
     """The clients' proximal term eps."""
     align_lambda: float = Field(0.5, ge=0)
     """Weight of the KL term in the emulator alignment."""
+    kl_order: Literal["emulator_first", "full_first"] = "emulator_first"
+    """The alignment's KL order: `emulator_first` = eq. 2's KL(M(x; A, E) || M(x; A, E*)), the emulator
+    model's distribution first; `full_first` = the usual distillation order KL(full || emulator), an
+    ablation (and what runs before this key existed used)."""
     init_steps: int = Field(50, ge=0)
     """Emulator distillation steps before training (I_0)."""
     align_steps: int = Field(10, ge=0)
@@ -82,6 +86,8 @@ def init_fingerprint(cfg: ExperimentConfig) -> dict[str, Any]:
         "adapter_mode": section.adapter_mode,
         "init_steps": section.init_steps,
         "align_lambda": section.align_lambda,
+        # Without a KL term the order changes nothing: FedOT's and Offsite-tuning's caches stay valid.
+        **({"kl_order": section.kl_order} if section.align_lambda > 0 else {}),
         "align_optimizer": section.align_optimizer,
         "align_lr": section.align_lr,
         "align_batch_size": section.align_batch_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -118,6 +118,7 @@ def align_emulator(
     batches: Sequence[Batch],
     *,
     lam: float,
+    kl_order: Literal["emulator_first", "full_first"],
     optimizer: torch.optim.Optimizer,
     clip_norm: float | None = 1.0,
 ) -> AlignStats:
@@ -140,7 +141,7 @@ def align_emulator(
             teacher_hidden, teacher_logits = hidden_and_logits(full, batch, split.teacher_hidden_index)
         student_hidden, student_logits = hidden_and_logits(emulator, batch, split.student_hidden_index)
         loss, mse, kl = emulator_alignment_loss(
-            student_hidden, teacher_hidden, student_logits, teacher_logits, lam
+            student_hidden, teacher_hidden, student_logits, teacher_logits, lam, kl_order=kl_order
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -167,6 +167,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             split,
             self._align_batches(section.init_steps, "init"),
             lam=section.align_lambda,
+            kl_order=section.kl_order,
             optimizer=self._new_align_optimizer(),
             clip_norm=section.align_clip_norm,
         )
@@ -228,6 +229,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             split,
             self._align_batches(self.section.align_steps, rnd),
             lam=self.section.align_lambda,
+            kl_order=self.section.kl_order,
             optimizer=self._align_optimizer(),
             clip_norm=self.section.align_clip_norm,
         )

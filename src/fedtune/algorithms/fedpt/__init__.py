@@ -21,8 +21,9 @@ clients only ever receive the small model's LoRA state.
 
 Choices the paper leaves open:
 - The frozen part of the teacher, ``C = z_l0 - alpha * z_s0`` at D_kd's response positions, never
-  changes: it is computed once per run (``teacher_cache``: ``disk`` = fp16/fp32 files in the run
-  directory, reused on resume; ``memory``; ``recompute`` recomputes every round, the benchmark yardstick).
+  changes for a given alpha: it is computed once per run and alpha (``teacher_cache``: ``disk`` =
+  fp16/fp32 files in the run directory, reused on resume; ``memory``; ``recompute`` recomputes every
+  round, the benchmark yardstick).
   fp16 storage rounds logits of magnitude <= 32 by at most 0.008.
 - ``z_sbar`` comes from the aggregated model theta_bar_s^{t+1}, fixed for the whole distillation;
   it is computed per batch by swapping theta_bar into the LoRA weights for one no-grad forward, so
@@ -35,12 +36,12 @@ Choices the paper leaves open:
   ``perplexity`` picks it deterministically from the proxy's labelled logits, decoding nothing.
   Round 0 (LoRA B = 0) is the base large model for any alpha.
 
-Deviation: step 5's teacher runs at ``fedpt.alpha`` (default 1.0, the paper configs' value), while
-decoding and every evaluation use the alpha searched from ``alpha_grid`` (up to 2.0). Eq. (3) has one
-alpha: the proxy distilled should be the proxy decoded. The search runs when the last round is
-evaluated, after every distillation, so the small LM each round's clients start from was taught the
-proxy at ``fedpt.alpha`` while the one decoded may use another; with ``alpha_search: never`` the two
-agree. Making the teacher follow the searched alpha is a code change still to come.
+Step 5's teacher runs at the alpha decoding uses (eq. (3) has one alpha): with ``teacher_alpha:
+searched`` (the default) round t's teacher uses the alpha the latest search before round t chose, and
+``fedpt.alpha`` before any search. With ``alpha_search: final`` the only search follows the last
+distillation, so the teacher stays at ``fedpt.alpha``; ``alpha_search: every`` makes it follow the
+search. ``teacher_alpha: fixed`` (``fedpt.alpha`` every round whatever the search chose) is the
+ablation, and what runs made before the key existed used.
 
 Layout: ``config`` (the ``fedpt:`` section), ``distillation`` (eq. 5, the teacher's parts, the
 student step), ``client`` (the clients' task: FedIT's local SFT of the small LM), ``server`` (the

@@ -18,9 +18,10 @@ SearchMetric = Literal[
 class FedPTConfig(AlgorithmConfig):
     """FedPT: clients tune the small LM (``model``); the server proxy-tunes ``large_model`` with it.
 
-    ``distill: false`` is the FedAvg+PT baseline (no distillation step). ``alpha`` steers the
-    distillation teacher and decoding; at evaluation ``alpha_grid`` is searched on the validation
-    split (``alpha_search``) and the best value is used on the test sets.
+    ``distill: false`` is the FedAvg+PT baseline (no distillation step). At evaluation ``alpha_grid`` is
+    searched on the validation split (``alpha_search``) and the best value is used on the test sets and,
+    from the next round on, in the distillation teacher (``teacher_alpha``); ``alpha`` is used before
+    any search and wherever none runs.
 
     ``large_model`` is a model (loaded in the server's process) or the URL of an OpenAI-compatible API
     serving it with prompt log-probabilities (``http://host:port/v1``: vLLM, or ``fedtune serve MODEL``),
@@ -55,7 +56,12 @@ class FedPTConfig(AlgorithmConfig):
     distill: bool = True
     """`false`: the FedAvg+PT baseline (no distillation step)."""
     alpha: float = Field(1.0, ge=0)
-    """Proxy strength in the distillation teacher (and decoding when not searched)."""
+    """Proxy strength in decoding when not searched, and in the distillation teacher until the first search
+    (always, with `teacher_alpha: fixed`)."""
+    teacher_alpha: Literal["searched", "fixed"] = "searched"
+    """The distillation teacher's alpha: `searched` = the alpha the latest search so far chose (the one
+    decoding uses; `alpha` before any search); `fixed` = `alpha` every round, an ablation (and what runs
+    before this key existed used)."""
     alpha_grid: list[float] = Field(default_factory=lambda: [1.0, 1.3, 1.5, 1.8, 2.0])
     """The alpha values searched on the validation split."""
     alpha_search: Literal["final", "every", "never"] = "final"

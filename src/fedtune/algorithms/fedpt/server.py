@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 import fedtune.algorithms.fedpt.client as client
 from fedtune.algorithms.adapters import ADAPTER, collect_adapters, fit_round_result
@@ -80,7 +79,9 @@ class FedPT(Algorithm[FedPTConfig]):
         self.alpha_study: dict[int, dict[str, float]] = {}
         self.vocab_width = 0
         self._kd_batches: list[Batch] = []
-        self._teacher: TeacherCache | None = None
+        self._run_dir: Path | None = None
+        self._teachers: dict[float, TeacherCache] = {}
+        """The frozen teacher parts' stores, one per alpha the teacher has run at."""
 
     @classmethod
     def client_tasks(cls, cfg: ExperimentConfig) -> dict[str, ClientTask]:
@@ -110,7 +111,7 @@ class FedPT(Algorithm[FedPTConfig]):
         self._resources = server.resources
         if sec.distill:
             self._kd_batches = self._public_batches(server)
-            self._teacher = self._teacher_cache(server.run_dir)
+            self._run_dir = server.run_dir
 
     def _public_batches(self, server: ServerContext) -> list[Batch]:
         sec: FedPTConfig = self.section
@@ -130,13 +131,18 @@ class FedPT(Algorithm[FedPTConfig]):
             examples, sec.kd_batch_size, pad, seed=derive_seed(self.cfg.seed, "kd"), bucketing=True
         )
 
-    def _teacher_cache(self, run_dir: Path) -> TeacherCache:
-        """The frozen teacher's store, keyed by everything its logits depend on."""
+    def _teacher_cache(self, alpha: float) -> TeacherCache:
+        """The frozen teacher's store at ``alpha``, keyed by everything its logits depend on; one
+        directory per alpha, so a teacher that follows the search keeps every alpha's parts."""
         sec: FedPTConfig = self.section
+        if alpha in self._teachers:
+            return self._teachers[alpha]
+        assert self._run_dir is not None
+        name = "fedpt-teacher" if alpha == sec.alpha else f"fedpt-teacher-alpha{alpha:g}"
         fingerprint = {
             "small": self.cfg.model.name,
             "large": sec.large_model,
-            "alpha": sec.alpha,
+            "alpha": alpha,
             "dtype": sec.teacher_dtype,
             "kd_examples": sec.kd_examples,
             "kd_batch_size": sec.kd_batch_size,
@@ -149,9 +155,10 @@ class FedPT(Algorithm[FedPTConfig]):
         }
         if is_api_url(sec.large_model):  # what the served teacher's logits depend on beyond the URL
             fingerprint.update({"large_model_name": sec.large_model_name, "top_k": sec.top_k})
-        return TeacherCache(
-            sec.teacher_cache, run_dir / "cache" / "fedpt-teacher", fingerprint, sec.teacher_dtype
+        self._teachers[alpha] = TeacherCache(
+            sec.teacher_cache, self._run_dir / "cache" / name, fingerprint, sec.teacher_dtype
         )
+        return self._teachers[alpha]
 
     # ----- rounds ---------------------------------------------------------------------------------
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
@@ -171,11 +178,13 @@ class FedPT(Algorithm[FedPTConfig]):
     def _distill(
         self, rnd: int, server: ServerContext, average: Mapping[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """Step 5: distil the proxy-tuned large LM into the aggregated small LM on D_kd."""
+        """Step 5: distil the proxy-tuned large LM (at ``_teacher_alpha``) into the aggregated small LM
+        on D_kd."""
         sec: FedPTConfig = self.section
-        assert self._teacher is not None
+        alpha = self._teacher_alpha(rnd)
+        cache = self._teacher_cache(alpha)
         start = time.perf_counter()
-        teacher_before = self._teacher.compute_seconds
+        teacher_before = cache.compute_seconds
         # LoRA dropout draws from torch's global RNG: seed it here, or the distillation depends on
         # whatever ran before in this process (the clients' local SFT in simulation, nothing on Flower).
         torch.manual_seed(derive_seed(self.cfg.seed, rnd, "kd-dropout"))
@@ -195,9 +204,9 @@ class FedPT(Algorithm[FedPTConfig]):
         for step in range(sec.kd_steps):
             index = int(order[step % len(order)])
             batch = {k: v.to(device) for k, v in self._kd_batches[index].items()}
-            frozen = self._teacher.get(index, partial(self._frozen_teacher, model, large, batch))
+            frozen = cache.get(index, partial(frozen_teacher, model, large, batch, alpha, width))
             sbar = logits_with(model, trainable, theta_bar, batch)
-            teacher = proxy_teacher(frozen.to(device), sbar, sec.alpha, width)
+            teacher = proxy_teacher(frozen.to(device), sbar, alpha, width)
             student_start = time.perf_counter()
             loss, ce, kl = kd_step(
                 model, batch, teacher, optimizer, params, kd_lambda=sec.kd_lambda, clip_norm=sec.kd_clip_norm
@@ -213,7 +222,7 @@ class FedPT(Algorithm[FedPTConfig]):
             "kd_kl": kl_total / sec.kd_steps,
             "kd_seconds": time.perf_counter() - start,
             "kd_student_seconds": student_seconds,
-            "teacher_seconds": self._teacher.compute_seconds - teacher_before,
+            "teacher_seconds": cache.compute_seconds - teacher_before,
         }
 
     def _api_cost(self, server: ServerContext, before: APIUsage | None) -> dict[str, float]:
@@ -221,9 +230,14 @@ class FedPT(Algorithm[FedPTConfig]):
         after = api_usage(self.large(server))
         return {} if before is None or after is None else (after - before).metrics()
 
-    def _frozen_teacher(self, model: Any, large: LogitSource, batch: Batch) -> Tensor:
-        """The part of the teacher that never changes (``maths.frozen_teacher``) for ``batch``."""
-        return frozen_teacher(model, large, batch, self.section.alpha, self.vocab_width)
+    def _teacher_alpha(self, rnd: int) -> float:
+        """Round ``rnd``'s teacher alpha: with ``teacher_alpha: searched``, the alpha the latest search
+        before the round chose (the one decoding uses); ``fedpt.alpha`` before any search or when fixed.
+        ``alphas`` and ``alpha_study`` are checkpointed, so a resumed run picks the same."""
+        searched = [r for r in self.alpha_study if r < rnd]
+        if self.section.teacher_alpha == "fixed" or not searched:
+            return self.section.alpha
+        return self.alphas[max(searched)]
 
     # ----- evaluation -----------------------------------------------------------------------------
     def _alpha(self, rnd: int, server: ServerContext) -> float:
