@@ -55,7 +55,6 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     if not finals:
         return out
     out |= tables.over_seeds(METRIC, {seed: row["eval"][METRIC] for seed, row in finals.items()})
-    out[f"{METRIC}_std"] = tables.mean_std(out[f"{METRIC}_by_seed"].values(), ddof=1)[1]
     first = next(d for d in run_dirs if tables.seed_of(d) == min(finals, key=int))
     rows = tables.trained_rows(tables.read_rows(first))
 
@@ -149,7 +148,7 @@ def columns(picked: dict[str, float]) -> list[layout.Column[layout.Entry]]:
     return [
         layout.Column("method", lambda e: LABELS[e[0]]),
         layout.Column("lr (searched)", lambda e: _lr(e[0], picked)),
-        layout.Column("perplexity", lambda e: tables.cell(e[1][f"{METRIC}_by_seed"], 3, ddof=1)),
+        layout.Column("perplexity", lambda e: tables.cell(e[1][f"{METRIC}_by_seed"], 3)),
         layout.Column(
             "by seed", lambda e: " / ".join(f"{v:.3f}" for v in e[1][f"{METRIC}_by_seed"].values())
         ),
