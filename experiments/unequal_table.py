@@ -119,9 +119,19 @@ def search_text(cfg: Any, results: dict[str, Any], command: str) -> str:
         pick = results["chosen"].get(row)
         shown = ["-" if c is None else f"{c:.3f}" for c in cells]
         shown = [f"**{text}**" if lr == pick else text for lr, text in zip(grid, shown, strict=True)]
-        table.append([LABELS[row], key, " / ".join(f"{lr:g}" for lr in grid), " / ".join(shown)])
-    lines.append(tables.markdown_table(["row", "searched", "grid", "perplexity (chosen in bold)"], table))
+        table.append(
+            [LABELS[row], key, " / ".join(f"{lr:g}" for lr in grid), " / ".join(shown), _edge(row, pick)]
+        )
+    lines.append(
+        tables.markdown_table(["row", "searched", "grid", "perplexity (chosen in bold)", "note"], table)
+    )
     return "\n".join(lines)
+
+
+def _edge(row: str, pick: float | None) -> str:
+    """ "edge of the grid" where the chosen lr is the grid's largest or smallest."""
+    grid = SEARCH[row][1]
+    return "edge of the grid" if pick is not None and pick in (min(grid), max(grid)) else ""
 
 
 def final_rows(
@@ -141,7 +151,10 @@ def final_rows(
 
 
 def _lr(key: str, picked: dict[str, float]) -> str:
-    return f"{SEARCH[key][0].split('.')[1]} {picked[key]:g}" if key in picked and key in SEARCH else "-"
+    if key not in picked or key not in SEARCH:
+        return "-"
+    edge = " (grid's edge)" if _edge(key, picked[key]) else ""
+    return f"{SEARCH[key][0].split('.')[1]} {picked[key]:g}{edge}"
 
 
 def columns(picked: dict[str, float]) -> list[layout.Column[layout.Entry]]:
