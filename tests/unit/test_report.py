@@ -407,3 +407,19 @@ def test_marker_area_grows_with_the_logarithm_of_the_upload() -> None:
 
     assert areas == [smallest, (smallest + largest) / 2, largest, smallest]
     assert marker_areas([2.0, 2.0]) == [(smallest + largest) / 2] * 2
+
+
+def test_many_runs_are_numbered_on_the_cost_plot_and_named_in_its_legend() -> None:
+    # Names beside ten points overlap: above NAMED_BESIDE runs a point carries a number, the legend its name
+    from fedtune.report.plots import NAMED_BESIDE, CostPoint, point_texts
+
+    def point(i: int) -> CostPoint:
+        return CostPoint(
+            f"run{i}", "fedit", "dolly (rougeL)", {"rougeL": 0.1 * i}, 100.0 * i, 0.5 if i else None
+        )
+
+    few, no_legend = point_texts([point(i) for i in range(NAMED_BESIDE)])
+    assert no_legend == [] and few[1] == "run1 (fedit)\n0.5 MB up/round" and few[0].endswith("n/a up/round")
+    marks, legend = point_texts([point(i) for i in range(NAMED_BESIDE + 6)])
+    assert marks == [str(i) for i in range(1, NAMED_BESIDE + 7)]
+    assert legend[1] == "2: run1 (fedit), 0.5 MB up/round"

@@ -52,11 +52,14 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
-def _subplot_grid(count: int, width: float, height: float) -> tuple[Figure, list[Axes]]:
-    """``count`` subplots in rows of at most three; unused cells are hidden."""
+def _subplot_grid(
+    count: int, width: float, height: float, extra_height: float = 0.0
+) -> tuple[Figure, list[Axes]]:
+    """``count`` subplots in rows of at most three, ``extra_height`` inches under them (for a legend);
+    unused cells are hidden."""
     columns = 2 if count == 4 else min(count, 3)
     rows = math.ceil(count / columns)
-    figure = Figure(figsize=(width * columns, height * rows), layout="constrained")
+    figure = Figure(figsize=(width * columns, height * rows + extra_height), layout="constrained")
     grid = figure.subplots(rows, columns, squeeze=False)
     axes = [ax for row in grid for ax in row]
     for unused in axes[count:]:
@@ -267,32 +270,49 @@ MARKER_AREA = (30.0, 600.0)
 """The smallest and largest marker area (points²): the run uploading least and the one uploading most."""
 
 
+NAMED_BESIDE = 4
+"""Up to this many runs, a point is named beside it; more get a number, named in a legend (names beside
+ten points overlap)."""
+
+
+def point_texts(points: Sequence[CostPoint]) -> tuple[list[str], list[str]]:
+    """What marks each point (beside it) and, when there are more than `NAMED_BESIDE`, the legend
+    entries that name the numbers (else none): its run, method and upload per round."""
+    named = [
+        f"{_point_name(p)}\n{'n/a' if p.up_mb is None else f'{p.up_mb:.3g} MB'} up/round" for p in points
+    ]
+    if len(points) <= NAMED_BESIDE:
+        return named, []
+    numbers = [str(i) for i in range(1, len(points) + 1)]
+    return numbers, [f"{n}: {text.replace(chr(10), ', ')}" for n, text in zip(numbers, named, strict=True)]
+
+
 def plot_quality_vs_memory(points: Sequence[CostPoint], path: Path, title: str) -> Path:
     """Final quality (y) against the client's peak memory (x), one point per run, one subplot per task
-    and metric; the marker's area grows with the bytes uploaded per round, which its label states."""
+    and metric; the marker's area grows with the bytes uploaded per round, which its label states (in
+    a legend beside the panels, by number, when there are more than `NAMED_BESIDE` runs)."""
     panels = [
         (task, metric)
         for task in dict.fromkeys(p.task for p in points)
         for metric in _metrics_of(points, task)
     ]
-    figure, axes = _subplot_grid(max(len(panels), 1), width=4.8, height=3.6)
+    marks, legend = point_texts(points)
+    figure, axes = _subplot_grid(max(len(panels), 1), width=4.8, height=3.6, extra_height=0.16 * len(legend))
     areas = marker_areas([p.up_mb for p in points])
     colours = {p.label: f"C{i % 10}" for i, p in enumerate(points)}
+    handles: dict[str, Line2D] = {}  # a legend entry -> a plain marker of its colour (the areas vary)
     for ax, (task, metric) in zip(axes, panels, strict=False):
         shown = [
-            (p, area) for p, area in zip(points, areas, strict=True) if p.task == task and metric in p.quality
+            (p, area, mark, entry)
+            for p, area, mark, entry in zip(points, areas, marks, legend or marks, strict=True)
+            if p.task == task and metric in p.quality
         ]
-        for point, area in shown:
-            ax.scatter(point.memory_mib, point.quality[metric], s=area, color=colours[point.label], alpha=0.7)
-            up = "n/a" if point.up_mb is None else f"{point.up_mb:.3g} MB"
-            ax.annotate(
-                f"{_point_name(point)}\n{up} up/round",
-                (point.memory_mib, point.quality[metric]),
-                textcoords="offset points",
-                xytext=(6, 6),
-                fontsize="x-small",
-            )
-        memories = [p.memory_mib for p, _ in shown]
+        for point, area, mark, entry in shown:
+            xy = (point.memory_mib, point.quality[metric])
+            ax.scatter(*xy, s=area, color=colours[point.label], alpha=0.7)
+            handles[entry] = Line2D([], [], marker="o", linestyle="", color=colours[point.label], alpha=0.7)
+            ax.annotate(mark, xy, textcoords="offset points", xytext=(6, 6), fontsize="x-small")
+        memories = [p.memory_mib for p, *_ in shown]
         if memories and max(memories) > LOG_SPREAD * min(memories):
             ax.set_xscale("log")
         ax.margins(x=0.25, y=0.2)
@@ -300,7 +320,15 @@ def plot_quality_vs_memory(points: Sequence[CostPoint], path: Path, title: str) 
         ax.set_xlabel("Client peak memory (MiB)")
         ax.set_ylabel(f"final {metric}")
         ax.grid(True, alpha=0.3)
-    figure.suptitle(title)
+    if legend:
+        figure.legend(
+            list(handles.values()),
+            list(handles),
+            loc="outside lower center",
+            fontsize="x-small",
+            frameon=False,
+        )
+    figure.suptitle(title, fontsize="small" if len(panels) == 1 else "medium")
     return _save(figure, path)
 
 
