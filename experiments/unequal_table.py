@@ -157,6 +157,12 @@ def _lr(key: str, picked: dict[str, float]) -> str:
     return f"{SEARCH[key][0].split('.')[1]} {picked[key]:g}{edge}"
 
 
+def _rank(entry: layout.Entry) -> str:
+    """HetLoRA's sampled clients' mean rank after the last round's pruning (first seed); - elsewhere."""
+    rank = entry[1].get("mean_client_rank_last")
+    return "-" if rank is None else f"{rank:.2f}"
+
+
 def columns(picked: dict[str, float]) -> list[layout.Column[layout.Entry]]:
     return [
         layout.Column("method", lambda e: LABELS[e[0]]),
@@ -169,6 +175,7 @@ def columns(picked: dict[str, float]) -> list[layout.Column[layout.Entry]]:
         layout.value("KB down/client/round", "kb_down_per_client", 1),
         layout.value("client s/round", "client_seconds", 1),
         layout.value("peak RSS MB (sim.)", "peak_rss_mb", 0),
+        layout.Column("client rank, last round", _rank),
         layout.SEEDS,
     ]
 

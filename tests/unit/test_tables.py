@@ -265,6 +265,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("unequal_table", "search-unequal-smollm2"),
+        ("unequal_table", "table-unequal-smollm2"),
     ],
 )
 def test_a_committed_table_renders_from_its_json_byte_for_byte(
