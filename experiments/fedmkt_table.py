@@ -19,6 +19,10 @@ normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed
 - ``llmpublic``: the LLM on the public set only (``fedmkt.lam=1``: its loss is the public set's CE, the
   SLMs' knowledge does not reach it, so every client holds the first SLM), shared by the settings: what
   FedMKT's LLM gains over it is what the SLMs' knowledge adds;
+- ``slmpublic``: the control that attributes the SLMs' gain: FedMKT with ``fedmkt.lam=1`` and the LLM
+  frozen (``fedmkt.llm_learns=false``), so each SLM trains on its private data and then on the public
+  set's labels (CE) alone, every round, as in FedMKT, and nothing of the LLM reaches it: what FedMKT's
+  SLM gains over it is what the LLM's knowledge adds;
 - ``fedavg`` (homo only): FedIT of the SLM's LoRA;
 - ``llm2slm`` (one only): FedMKT with the LLM frozen (``fedmkt.llm_learns=false``);
 - ``fedmkt``: the method.
@@ -31,10 +35,10 @@ Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and s
 ``rounds-<config>`` gives every round of the FedMKT runs (`experiments.fedmkt_rounds`). Runs are subprocesses,
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
 ``--rows`` starts only the named rows' runs (``fedmkt``, ``standalone``, ``centralized``, ``llmpublic``,
-``fedavg``, ``llm2slm``; the Zero-shot row is the FedMKT run's round 0): a seed whose other rows were run
-elsewhere needs its FedMKT run alone. ``--set`` changes the config before the settings do (a run's own
-overrides win): with ``name=`` it gives a table and runs directory of their own, e.g. for a larger LLM
-beside the same SLMs.
+``slmpublic``, ``fedavg``, ``llm2slm``; the Zero-shot row is the FedMKT run's round 0): a seed whose other
+rows were run elsewhere needs its FedMKT run alone. ``--set`` changes the config before the settings do
+(a run's own overrides win): with ``name=`` it gives a table and runs directory of their own, e.g. for a
+larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
 """
@@ -66,6 +70,7 @@ LABELS = {
     "fedavg": "FedAvg",
     "llm2slm": "LLM2SLM",
     "llmpublic": "LLM on public set",
+    "slmpublic": "SLMs + public CE",
     "fedmkt": "FedMKT",
 }
 FEDIT = ["algorithm=fedit", "fedmkt=null", "eval.personal=false"]
@@ -74,6 +79,9 @@ CENTRALIZED = ["fed.mode=centralized", "eval.personal=false"]
 # lam 1: the LLM learns the public set's CE only; the SLMs still train (one step, only so that the round
 # runs: with lam 1 their knowledge does not reach the LLM) and are not evaluated.
 LLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.slm_learns=false", "eval.personal=false", "train.max_steps=1"]
+# lam 1 and the LLM frozen: each SLM's public-set loss is the CE of the public labels alone (the LLM's
+# knowledge still travels, weighted 0), the same steps as FedMKT's; the LLM is not a cell of this row.
+SLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.llm_learns=false"]
 
 
 SETTINGS = ["hetero", "hetero2", "homo", "one"]
@@ -102,6 +110,7 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
     out = {
         f"{dataset}-{setting}-fedmkt": base,
         f"{dataset}-{setting}-standalone": [*base, "fed.mode=standalone", *after],
+        f"{dataset}-{setting}-slmpublic": [*base, *SLM_PUBLIC, *after],
     }
     if setting == "homo":
         fedavg = [*base, *FEDIT, f"model.name={cfg.fedmkt.clients[0]}", *after]
@@ -135,7 +144,7 @@ def planned(
 
 
 # What ``--rows`` picks: the runs it names start (the Zero-shot row is the FedMKT run's round 0).
-ROWS = ("fedmkt", "standalone", "centralized", "llmpublic", "fedavg", "llm2slm")
+ROWS = ("fedmkt", "standalone", "centralized", "llmpublic", "slmpublic", "fedavg", "llm2slm")
 
 
 def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str]]:
@@ -184,6 +193,8 @@ def collect(
             add(row, seed, scores(cfg, setting, root / f"{dataset}-{setting}-fedmkt-s{seed}", metric, rnd))
         alone = scores(cfg, setting, root / f"{dataset}-{setting}-standalone-s{seed}", metric, None)
         add("standalone", seed, {k: v for k, v in (alone or {}).items() if k != "llm"})  # LLM untrained
+        control = scores(cfg, setting, root / f"{dataset}-{setting}-slmpublic-s{seed}", metric, None)
+        add("slmpublic", seed, {k: v for k, v in (control or {}).items() if k != "llm"})  # LLM frozen
         if setting == "one":
             add("llm2slm", seed, scores(cfg, setting, root / f"{dataset}-one-llm2slm-s{seed}", metric, None))
         if setting == "homo":
@@ -221,6 +232,13 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             lines.append(
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
                 f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim) + f"; {noise}"
+            )
+        control, note = tables.on_common_seeds([column("slmpublic", name), column("fedmkt", name)])
+        if all(control):
+            ce, mkt = (mean(values) for values in control)
+            lines.append(
+                f"- What the LLM's knowledge adds to {name}: SLMs + public CE {100 * ce:.1f} < FedMKT "
+                f"{100 * mkt:.1f}{note}; {tables.claim_text(control, scale=100.0)}"
             )
     columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):

@@ -38,6 +38,8 @@ def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path)
     assert "llm" not in cells["standalone"] and set(cells["standalone"][slm]) == {"0"}
     assert set(cells["llmpublic"]) == {"llm"} and set(cells["llmpublic"]["llm"]) == {"0"}
     assert "| LLM on public set |" in table and "What the SLMs' knowledge adds" in table
+    assert "llm" not in cells["slmpublic"] and set(cells["slmpublic"][slm]) == {"0"}
+    assert "| SLMs + public CE |" in table and f"What the LLM's knowledge adds to {slm}" in table
     assert cells["fedmkt"]["mb_up"]["0"] > 0
     assert (tmp_path / "results" / "table-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
 
@@ -62,6 +64,10 @@ def test_settings_give_four_two_or_one_slm_from_the_config_clients() -> None:
     assert "fed.mode=centralized" in runs["wic-centralized-a2"]
     assert not [o for o in runs["wic-centralized-a2"] if o.startswith("algorithm=")]
     assert {"fedmkt.lam=1", "fedmkt.clients=[a]"} <= set(runs["wic-llmpublic"])
+    # the control: the same fleet and steps as FedMKT, the public set's CE alone, the LLM frozen
+    control = runs["wic-hetero-slmpublic"]
+    assert {"fedmkt.lam=1", "fedmkt.llm_learns=false"} <= set(control)
+    assert not [o for o in control if o.startswith(("fedmkt.clients", "fed.mode", "fedmkt.slm_learns"))]
     # FedMKT evaluates every round (its trajectory); the others only after their last round
     assert not [o for o in runs["wic-hetero-fedmkt"] if o.startswith("eval.")]
     for name in set(runs) - {"wic-hetero-fedmkt"}:
@@ -100,6 +106,23 @@ def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
         "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0 on the same seed, FedMKT - Centralized "
         "+0.0): **tie**, in 1 of 2 seeds; by interval: tie (gain 0.00, 95% CI [-127.06, 127.06], 2 seeds)"
     )
+
+
+def test_the_control_row_says_what_the_llms_knowledge_adds_to_each_slm() -> None:
+    table = {
+        "slmpublic": {"s": {"0": 0.50, "1": 0.52, "2": 0.49}},
+        "fedmkt": {"s": {"0": 0.55, "1": 0.56, "2": 0.55}, "llm": {"0": 0.4, "1": 0.4, "2": 0.4}},
+    }
+    lines = fedmkt_table.ordering(table, ["s"])
+    # gains x 100: 5, 4, 6 (mean 5, sd 1); t(2 df, 0.975) = 4.303, half width 4.303 / sqrt(3) = 2.48
+    assert lines == [
+        "- What the LLM's knowledge adds to s: SLMs + public CE 50.3 < FedMKT 55.3; by interval: holds "
+        "(gain 5.00, 95% CI [2.52, 7.48], 3 seeds)"
+    ]
+    table["fedmkt"]["s"] = {"0": 0.51, "1": 0.50, "2": 0.53}  # gains 1, -2, 4: inside the noise
+    assert "by interval: tie" in fedmkt_table.ordering(table, ["s"])[0]
+    del table["slmpublic"]
+    assert fedmkt_table.ordering(table, ["s"]) == []
 
 
 def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
