@@ -11,6 +11,9 @@ from typing import Any
 from experiments import tables
 
 ROWS: dict[str, list[str]] = {
+    # FedOT as Offsite-tuning builds its emulator: layer drop, then distillation with FedPFT's budget
+    # (the config's distill_steps, distill_lr and public set); "fedot" is the undistilled ablation.
+    "fedot_kd": ["fedpft.submodel=layerdrop", "fedpft.neuron_every=0"],
     "fedot": ["fedpft.submodel=layerdrop", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
     "fedpft": [],
     "fedpetuning": ["fedpft.submodel=full", "fedpft.distill_steps=0", "fedpft.neuron_every=0"],
@@ -27,6 +30,7 @@ ROWS: dict[str, list[str]] = {
 ON_DEMAND = ("fedpft_rel", "fedot_emu")
 """Rows run only when named: an option for decoders, and FedOT's variant with LoRA on the emulator."""
 LABELS = {
+    "fedot_kd": "FedOT (layer drop + distillation)",
     "fedot": "FedOT (layer drop)",
     "fedpft": "FedPFT",
     "fedpetuning": "FedPETuning (full model)",
@@ -56,7 +60,8 @@ PARTITIONS: dict[str, list[str]] = {
 def row_overrides(row: str, suffix: str) -> list[str]:
     """What defines a run of ``row`` on ``suffix`` (``<dataset>-<partition>``): the row's keys, then the
     dataset's and the partition's (``--set`` goes before them, `tables.plan`: ``--set
-    fedpft.distill_steps=1000`` sets FedPFT's distillation and leaves the baselines' ``distill_steps=0``)."""
+    fedpft.distill_steps=1000`` sets FedPFT's distillation and FedOT's emulator's, and leaves the rows
+    without one at ``distill_steps=0``)."""
     data, part = suffix.split("-")
     return [*ROWS[row], *DATASETS[data], *PARTITIONS[part]]
 

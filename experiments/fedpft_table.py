@@ -7,7 +7,9 @@
     python experiments/fedpft_table.py configs/paper/fedpft-minilm.yaml --table-only
 
 Rows (each a normal run directory ``--runs-dir/<config name>/<row>-<dataset>-<partition>-s<seed>``):
-``fedot`` (layer-drop emulator), ``fedpft``, ``fedpetuning`` (the full model), ``no_layer`` (FedPFT
+``fedot_kd`` (FedOT: the layer-drop emulator distilled as Offsite-tuning does, with FedPFT's distillation
+budget), ``fedot`` (the emulator as cut, not distilled: an ablation), ``fedpft``, ``fedpetuning`` (the full
+model), ``no_layer`` (FedPFT
 without layer-level distillation), ``no_neuron`` (without neuron-level distillation); on demand
 ``fedpft_rel`` (FedPFT distilled with ``hidden_loss: token_relative``, for decoders) and
 ``fedot_emu`` (FedOT with LoRA trained on the emulator's layers as well as on the adapter). Datasets:
@@ -18,12 +20,13 @@ Partitions: IID and Dirichlet(alpha) label skew over the class.
 The table gives the final accuracy and macro-F1 of the LoRA + head plugged into the full model
 (mean ± std over seeds), the sub-model's own accuracy, what a client holds (parameters and the
 simulation's peak RSS, which holds every model of the run), and the MB sent down and up per round;
-then whether the expected ordering FedOT < FedPFT <= FedPETuning holds and whether each
-distillation step helps. A plot beside the table (``table-<config name>.png``) shows the same
-accuracies, one panel per dataset and partition, with each seed's value as a dot. Runs are
-subprocesses, ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and
-skips finished ones. ``--keep-earlier``: a row none of whose runs is in ``--runs-dir`` (made on another
-machine) keeps, whole, the value the table's previous results file recorded, and the table names it.
+then whether the expected ordering FedOT < FedPFT <= FedPETuning holds (for the distilled and the
+undistilled FedOT) and whether each distillation step helps (FedOT's too). A plot beside the table
+(``table-<config name>.png``) shows the same accuracies, one panel per dataset and partition, with each
+seed's value as a dot. Runs are subprocesses, ``--jobs`` at a time with one thread each; rerunning
+resumes unfinished runs and skips finished ones. ``--keep-earlier``: a row none of whose runs is in
+``--runs-dir`` (made on another machine) keeps, whole, the value the table's previous results file
+recorded, and the table names it.
 
 ``--lrs LR ...`` sweeps the learning rate instead: every row at each lr (run directories
 ``lr<lr>-<row>-<dataset>-<partition>-s<seed>``), scored on the dataset's validation split, never the test
@@ -74,8 +77,8 @@ def _compare(
 
 
 def ordering(results: dict[str, dict[str, Any]], suffixes: list[str]) -> list[str]:
-    pairs = [("fedot", "fedpft", True), ("fedpft", "fedpetuning", False)]
-    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True)]
+    pairs = [("fedot_kd", "fedpft", True), ("fedot", "fedpft", True), ("fedpft", "fedpetuning", False)]
+    pairs += [("no_layer", "fedpft", True), ("no_neuron", "fedpft", True), ("fedot", "fedot_kd", True)]
     lines = [
         _compare(results, low, high, suffix, strict) for suffix in suffixes for low, high, strict in pairs
     ]
@@ -132,6 +135,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
 
 
 SHORT = {
+    "fedot_kd": "FedOT\ndistilled",
     "fedot": "FedOT",
     "fedpft": "FedPFT",
     "fedpetuning": "FedPETuning",

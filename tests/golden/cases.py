@@ -31,6 +31,8 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "perfit-own": ("perfit", ("perfit.start=own", "perfit.alpha=lora")),
     "fedpft": ("fedpft", ()),
     "fedot": ("fedpft", ("fedpft.submodel=layerdrop",)),
+    # FedOT's emulator as cut, not distilled (the ablation; the baseline before #64 distilled it).
+    "fedot-undistilled": ("fedpft", ("fedpft.submodel=layerdrop", "fedpft.emulator_distill=false")),
     "fedpetuning": ("fedpft", ("fedpft.submodel=full",)),
     "hetlora": ("hetlora", ()),
     "flexlora": ("flexlora", ()),

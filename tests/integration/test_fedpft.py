@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,32 @@ def test_fedot_trains_the_adapter_layers_and_on_request_the_emulator(
     assert {int(k.split(".layer.")[1].split(".")[0]) for k in sent_tuned} == trained
 
 
+@pytest.mark.parametrize("distilled", [True, False])
+def test_fedot_sends_an_emulator_distilled_as_offsite_tuning_does(tmp_path: Path, distilled: bool) -> None:
+    # Layers 0, 1, 3 of 4: the adapters 0 and 3 stay the full model's; the middle layer 1 is distilled
+    # towards the full model's middle block (layers 1-2) by default, sent as cut with the ablation.
+    extra = [] if distilled else ["fedpft.emulator_distill=false"]
+    history, seen = tapped_run(tmp_path, "fedpft.submodel=layerdrop", "fedpft.drop=0.5", *extra)
+    full, _ = load_encoder_classifier("tiny-bert-L4-H32", 2, device="cpu")
+    original = {k: p.detach().numpy() for k, p in full.named_parameters()}
+
+    sent = {k[len(FROZEN) :]: v for _, _, _, _, p in seen for k, v in p.items() if k.startswith(FROZEN)}
+    ffns = {k: v for k, v in sent.items() if k.endswith("intermediate.dense.weight")}
+    assert sorted(ffns) == [f"bert.encoder.layer.{i}.intermediate.dense.weight" for i in (0, 1, 3)]
+    for layer in (0, 3):
+        key = f"bert.encoder.layer.{layer}.intermediate.dense.weight"
+        assert np.array_equal(ffns[key], original[key])
+    key = "bert.encoder.layer.1.intermediate.dense.weight"
+    assert np.array_equal(ffns[key], original[key]) is not distilled
+    assert np.isfinite(history[-1]["eval"]["accuracy"])
+    info = json.loads((tmp_path / "artifacts" / "fedpft.json").read_text())
+    if distilled:
+        [entry] = info["distillation"]
+        assert entry["steps"] == 4 and entry["last_loss"] < entry["first_loss"]
+    else:
+        assert info["distillation"] == []
+
+
 def test_decoder_sub_model_trains(tmp_path: Path) -> None:
     history, _ = tapped_run(tmp_path, "model.name=tiny-llama-L4-H32")
 
@@ -195,7 +222,6 @@ class Interrupt(BaseException):
 
 
 def test_a_resumed_run_reports_every_distillation_once(tmp_path: Path) -> None:
-    import json
 
     cfg = tiny_config("fedpft", "fed.rounds=3")
     quiet_runner(cfg, tmp_path / "full").run()
@@ -296,7 +322,6 @@ def test_distilling_the_norms_of_a_model_without_one_after_its_ffn_names_the_key
 def test_distilling_on_every_built_in_public_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fedpft.public_dataset: all``: the general corpus of every built-in public split, whatever the
     task of each (only their texts are read)."""
-    import json
 
     from fedtune.data import loaders
     from fedtune.data.builtin import list_builtin, load_all_public

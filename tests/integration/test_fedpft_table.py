@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,10 +16,11 @@ from tests.integration.helpers import ROOT
 def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
-    argv += ["--rows", "fedot", "fedpft", "fedpetuning", "--jobs", "2", "--set", "fed.rounds=1"]
-    argv += ["--set", "fedpft.distill_steps=3"]  # FedPFT's distillation; the baselines' rows keep theirs off
+    argv += ["--rows", "fedot_kd", "fedot", "fedpft", "fedpetuning", "--jobs", "2", "--set", "fed.rounds=1"]
+    # FedPFT's distillation budget, FedOT's emulator's too; the rows without one keep theirs off
+    argv += ["--set", "fedpft.distill_steps=3"]
     fedpft_table.main(argv)
-    for row, steps in (("fedot", 0), ("fedpft", 3), ("fedpetuning", 0)):
+    for row, steps in (("fedot_kd", 3), ("fedot", 0), ("fedpft", 3), ("fedpetuning", 0)):
         saved = yaml.safe_load(
             (tmp_path / "runs" / "fedpft-tiny" / f"{row}-lexclass-iid-s0" / "config.yaml").read_text()
         )
@@ -26,6 +28,10 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     table = (tmp_path / "results" / "table-fedpft-tiny.md").read_text()
     assert "| FedPFT | lexclass | iid |" in table and "| FedOT (layer drop) | lexclass | iid |" in table
     assert "- lexclass-iid: FedOT (layer drop) < FedPFT:" in table
+    assert "- lexclass-iid: FedOT (layer drop + distillation) < FedPFT:" in table
+    assert "- lexclass-iid: FedOT (layer drop) < FedOT (layer drop + distillation):" in table
+    emulator = results_of(tmp_path)["fedot_kd-lexclass-iid"]["distill_seconds"]
+    assert len(emulator) == 1  # FedOT's one distillation, before federated learning
     assert "- lexclass-iid: FedPFT <= FedPETuning (full model):" in table
     results = json.loads((tmp_path / "results" / "table-fedpft-tiny.json").read_text())["results"]
     pft, full = results["fedpft-lexclass-iid"], results["fedpetuning-lexclass-iid"]
@@ -33,6 +39,10 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     assert pft["mb_down_per_round"] < full["mb_down_per_round"]
     assert (tmp_path / "results" / "table-fedpft-tiny.png").read_bytes().startswith(b"\x89PNG")
     fedpft_table.main([*argv, "--table-only"])
+
+
+def results_of(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "results" / "table-fedpft-tiny.json").read_text())["results"]
 
 
 def test_a_two_class_model_predicting_one_class_is_recognised() -> None:

@@ -352,3 +352,44 @@ def test_the_distillation_lr_warms_up_then_follows_a_cosine(monkeypatch: pytest.
     expected = [0.1 * schedule_factor("cosine", s, 8, warmup=2) for s in range(8)]
     assert seen == pytest.approx(expected)
     assert seen[0] == pytest.approx(0.05) and seen[1] == pytest.approx(0.1) and seen[-1] < 0.01
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_an_emulator_distils_its_middle_layers_on_the_middle_blocks_output(arch: str) -> None:
+    """Offsite-tuning's distillation of a layer-dropped emulator: only the given layer's weights move,
+    and the loss is the error of the one compared pair of hidden states."""
+    from fedtune.models.layers import truncate_layers
+
+    # Prepare: layers 0, 1, 3 of 4 (layer 2 dropped); layer 1 is the emulator's middle.
+    if arch == "llama":
+        teacher = load_causal_lm("tiny-llama-L4-H32", device="cpu")[0]
+    else:
+        teacher = load_encoder_classifier("tiny-bert-L4-H32", 2, device="cpu")[0]
+    student = truncate_layers(teacher, [0, 1, 3])
+    middle = {n: p for n, p in student.named_parameters() if ".layers.1." in n or ".layer.1." in n}
+    assert middle
+    before = snapshot(student)
+    batch = batches(1)[0]
+    mask = batch["attention_mask"]
+
+    def gap() -> float:  # the input of the top layer: full hidden_states[3], the emulator's [2]
+        with torch.no_grad():
+            full = teacher.base_model(batch["input_ids"], attention_mask=mask, output_hidden_states=True)
+            emu = student.base_model(batch["input_ids"], attention_mask=mask, output_hidden_states=True)
+        pair = ((full.hidden_states[0], full.hidden_states[3]), (emu.hidden_states[0], emu.hidden_states[2]))
+        return float(hidden_mse(pair[0], pair[1], mask))
+
+    first = gap()
+    # Execute
+    stats = distill_ffns(teacher, student, [batch], steps=30, lr=3e-3, mu=0.0, params=middle, compare=(3, 2))
+    # Assert: the first step's loss is the compared pair's error, and it falls
+    assert stats.first_loss == pytest.approx(first, rel=1e-5)
+    assert gap() < 0.5 * first and stats.last_loss < stats.first_loss
+    after = snapshot(student)
+    assert all(torch.equal(before[n], after[n]) for n in after if n not in middle)
+    weights = [n for n in middle if n.endswith("weight") and "norm" not in n]
+    assert weights and all(not torch.equal(before[n], after[n]) for n in weights)
+    with pytest.raises(ValueError, match="mu pairs"):
+        distill_ffns(teacher, student, [batch], steps=1, lr=1e-3, mu=0.1, params=middle, compare=(3, 2))
+    with pytest.raises(ValueError, match="no parameter to train"):
+        distill_ffns(teacher, student, [batch], steps=1, lr=1e-3, mu=0.0, params={}, compare=(3, 2))

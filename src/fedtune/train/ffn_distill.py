@@ -259,10 +259,14 @@ def _distill_step(
     mu: float,
     ffns: tuple[list[FFN], list[FFN]],
     hidden_loss: HiddenLoss,
+    compare: tuple[int, int] | None = None,
 ) -> float:
     with torch.no_grad():
         teacher_hidden = _hidden_states(teacher, batch)
     student_hidden = _hidden_states(student, batch)
+    if compare is not None:  # index 0 (the embeddings) is skipped by the loss: only the pair counts
+        teacher_hidden = (teacher_hidden[0], teacher_hidden[compare[0]])
+        student_hidden = (student_hidden[0], student_hidden[compare[1]])
     mask = batch["attention_mask"].to(student_hidden[0].device)
     loss, parts = layer_distill_loss(teacher_hidden, student_hidden, mask, ffns[0], ffns[1], mu, hidden_loss)
     loss.backward()
@@ -284,6 +288,8 @@ def distill_ffns(
     schedule: str = "constant",
     warmup_ratio: float = 0.0,
     extra_params: Mapping[str, nn.Parameter] | None = None,
+    params: Mapping[str, nn.Parameter] | None = None,
+    compare: tuple[int, int] | None = None,
 ) -> DistillStats:
     """Train only the student's FFN parameters for ``steps`` steps (cycling ``batches``) on eq. 13.
 
@@ -293,10 +299,22 @@ def distill_ffns(
     constant) or decays to 0 (cosine). ``extra_params`` (keyed like the unwrapped student names them,
     e.g. the compressed layers' output LayerNorm) train too, unmasked.
     Models may be peft-wrapped and have any head: only the backbone's hidden states are used.
+
+    A student with fewer layers than the teacher (a layer-dropped emulator, Offsite-tuning's
+    distillation): ``params`` replaces the FFNs as what trains, and ``compare`` = (teacher index,
+    student index) compares one pair of ``output_hidden_states`` entries only (the emulator's output
+    against the full model's at the same place); ``mu`` must then be 0 (its FFN gap pairs the models'
+    layers one to one).
     """
     if steps < 1 or not batches:
         raise ValueError(f"distillation needs steps >= 1 and at least one batch, got {steps} steps")
-    params = ffn_parameters(student)
+    if compare is not None and mu != 0.0:
+        raise ValueError("mu pairs the teacher's and the student's layers one to one: use mu 0 with compare")
+    if params is not None and (extra_params or grad_masks):
+        raise ValueError("params replaces the FFNs as what trains: give no extra_params or grad_masks")
+    params = dict(params) if params is not None else ffn_parameters(student)
+    if not params:
+        raise ValueError("distillation has no parameter to train")
     clash = sorted(set(extra_params or {}) & set(params))
     if clash:
         raise ValueError(f"{clash[0]} is an FFN parameter: extra_params are trained beside the FFNs")
@@ -321,7 +339,7 @@ def distill_ffns(
             scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         for step in range(steps):
             batch = batches[step % len(batches)]
-            losses.append(_distill_step(teacher, student, batch, mu, ffns, hidden_loss))
+            losses.append(_distill_step(teacher, student, batch, mu, ffns, hidden_loss, compare))
             _mask_and_clip(params, grad_masks, clip_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -26,8 +26,9 @@ Paper: "FedPFT: Federated Proxy Fine-Tuning of Foundation Models" (sec. 3.4-3.6)
 
 Baselines and ablations as settings: FedPETuning = ``submodel: full``; FedOT = ``submodel:
 layerdrop`` (the first and last ``edge_layers`` layers and a uniform ``1 - drop`` share of the middle
-ones, with FedBiOT's surgery). As in Offsite-tuning, LoRA trains on the adapter only -- the
-``edge_layers`` layers at each end -- and the head, while the emulator's middle layers stay as sent;
+ones, with FedBiOT's surgery, distilled as below). As in Offsite-tuning, LoRA trains on the adapter
+only -- the ``edge_layers`` layers at each end -- and the head, while the emulator's middle layers stay
+as sent;
 the adapter's LoRA + head plug into the full model at their original indices. ``emulator_lora:
 true`` also trains LoRA on the emulator's layers (a variant: those layers then get updates too,
 which the paper's argument says layer drop cannot give the intermediate layers). FedPFT without
@@ -79,8 +80,11 @@ Choices where the paper is silent, and deviations:
   set); its class is its ``label`` for multiple-choice records, else its ``output`` among the class
   names (``labels``, the choices, or a built-in set's categories). ``eval.metrics`` does not apply:
   the metrics are always accuracy and macro-F1 (in [0, 1]).
-- FedOT's emulator is not distilled (the FedPFT paper compares with Offsite-tuning's emulator as
-  given); the layer-drop baseline therefore measures the cost of dropping layers without alignment.
+- FedOT's emulator is distilled as Offsite-tuning builds it (``emulator_distill``, the default): its
+  middle layers train, before federated learning, so that the hidden state entering the top adapter
+  matches the full model's there (one compared state, by ``hidden_loss``; no LM term), with FedPFT's
+  layer-level budget (``distill_steps``, ``distill_lr``, the public set). ``emulator_distill: false``
+  sends the emulator as cut: the ablation measuring layer drop without alignment.
 - The initial distillation is repeated on resume (it is deterministic); the checkpoint's FFNs then
   replace its result.
 """

@@ -17,8 +17,10 @@ class FedPFTConfig(AlgorithmConfig):
     last ``edge_layers`` layers plus a uniform ``1 - drop`` share of the middle ones, whole). FedOT
     trains LoRA on the adapter (the ``edge_layers`` at each end) only, as Offsite-tuning;
     ``emulator_lora: true`` trains it on the emulator's layers too (a variant, not the baseline).
-    ``distill_steps: 0`` is the ablation without layer-level distillation, ``neuron_every: 0`` the one
-    without neuron-level distillation.
+    FedOT's emulator is distilled (``emulator_distill``) with the same budget as FedPFT's layer-level
+    distillation. ``distill_steps: 0`` is the ablation without layer-level distillation (FedOT: an
+    undistilled emulator, as ``emulator_distill: false``), ``neuron_every: 0`` the one without
+    neuron-level distillation.
     """
 
     modes = ("federated", "centralized")
@@ -40,6 +42,11 @@ class FedPFTConfig(AlgorithmConfig):
     """`layerdrop`: adapter layers at each end (where FedOT's LoRA trains)."""
     emulator_lora: bool = False
     """`layerdrop`: also train LoRA on the emulator's layers (a variant)."""
+    emulator_distill: bool = True
+    """`layerdrop`: distil the emulator before federated learning, as Offsite-tuning builds it: its
+    middle layers (between the adapters) train so that their output matches the full model's middle
+    block's, with the layer-level distillation's budget (`distill_steps`, `distill_lr`, the public set,
+    `hidden_loss`); `false`: the layer-dropped emulator as cut (an ablation)."""
     labels: list[str] | None = None
     """Class names (default: the records' choices or a built-in set's categories)."""
     # Layer-level distillation (eq. 13) before federated learning, on public data.

@@ -33,6 +33,8 @@ from fedtune.algorithms.fedpft.wire import (
     arrays_of,
     broadcast_parts,
     derive_client_model,
+    emulator_outputs,
+    emulator_parameters,
     fit_spec,
     layout_payload,
     output_norm_parameters,
@@ -117,6 +119,11 @@ class FedPFT(Algorithm[FedPFTConfig]):
         """Whether the client model has compressed FFNs to distil (FedPFT with something removed)."""
         return self.layout is not None and bool(self.layout.compressed)
 
+    def _distills_emulator(self) -> bool:
+        """Whether FedOT's emulator is distilled before federated learning (Offsite-tuning's recipe)."""
+        section = self.section
+        return section.submodel == "layerdrop" and section.emulator_distill and section.distill_steps > 0
+
     def _load_tuned(self, model: Any, state: Mapping[str, np.ndarray], what: str) -> None:
         """``state`` into the full model, or into the client model (keys mapped by the layout)."""
         if self._models is not None and model is self._models[1]:
@@ -134,7 +141,7 @@ class FedPFT(Algorithm[FedPFTConfig]):
         self.global_state = {k: v for k, v in arrays_of(tuned_parameters(full)).items() if k in held}
         self._load_tuned(client, self.global_state, "initial state")
         self._public = self._public_batches(server.public_records, tokenizer)
-        if self._distills() and self.section.distill_steps > 0:
+        if (self._distills() or self._distills_emulator()) and self.section.distill_steps > 0:
             self._distill(self.section.distill_steps, "init", {})
 
     def _public_batches(self, public: list[Record], tokenizer: Any) -> list[dict[str, torch.Tensor]]:
@@ -160,11 +167,24 @@ class FedPFT(Algorithm[FedPFTConfig]):
         neurons (eq. 14), and with ``distill_norms`` their FFN output norms; layers kept whole stay exact
         copies of the full model's."""
         full, client, _ = self.models
-        assert self.layout is not None
-        masks = distill_masks(client, self.layout.widths, self.layout.compressed, frozen)
+        layout = self.layout
+        assert layout is not None
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "distill", tag))
         order = rng.permutation(len(self._public))
         batches = [self._public[int(order[i % len(order)])] for i in range(steps)]
+        if layout.compressed:  # FedPFT: the compressed FFNs, layer by layer (eq. 13)
+            what: dict[str, Any] = {
+                "grad_masks": distill_masks(client, layout.widths, layout.compressed, frozen),
+                "mu": self.section.mu,
+                "extra_params": output_norm_parameters(client, layout.compressed) if layout.norms else None,
+            }
+        else:  # FedOT: the emulator's middle layers, on the middle block's output
+            edge = self.section.edge_layers
+            what = {
+                "params": emulator_parameters(client, layout, edge),
+                "compare": emulator_outputs(layout, edge),
+                "mu": 0.0,
+            }
         start = time.perf_counter()
         stats = distill_ffns(
             full,
@@ -172,14 +192,10 @@ class FedPFT(Algorithm[FedPFTConfig]):
             batches,
             steps=steps,
             lr=self.section.distill_lr,
-            mu=self.section.mu,
-            grad_masks=masks,
             hidden_loss=self.section.hidden_loss,
             schedule=self.section.distill_schedule,
             warmup_ratio=self.section.distill_warmup_ratio,
-            extra_params=output_norm_parameters(client, self.layout.compressed)
-            if self.layout.norms
-            else None,
+            **what,
         )
         self.distill_log.append(
             {

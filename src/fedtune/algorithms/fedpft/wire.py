@@ -242,6 +242,30 @@ def server_parameters(model: nn.Module, layout: Layout | None) -> dict[str, nn.P
     return params if layout is None else {**params, **distilled_parameters(model, layout)}
 
 
+def emulator_middle(layout: Layout, edge: int) -> tuple[int, ...]:
+    """The original indices of FedOT's emulator layers between its adapters (the first and last
+    ``edge`` layers): what Offsite-tuning's distillation trains."""
+    adapter = set(adapter_layers(layout.num_layers, edge))
+    return tuple(layer for layer in layout.layers if layer not in adapter)
+
+
+def emulator_parameters(model: nn.Module, layout: Layout, edge: int) -> dict[str, nn.Parameter]:
+    """Every weight of the emulator's middle layers (`emulator_middle`; their LoRA excluded), keyed
+    with original indices."""
+    middle, pattern = set(emulator_middle(layout, edge)), layer_pattern(unwrap(model))
+    return {
+        name: p
+        for name, p in _original_names(model, layout).items()
+        if "lora_" not in name and layer_index(name, pattern) in middle
+    }
+
+
+def emulator_outputs(layout: Layout, edge: int) -> tuple[int, int]:
+    """The ``output_hidden_states`` indices Offsite-tuning's distillation compares: the input of the top
+    adapter in the full model and in the emulator (the middle block's output in each)."""
+    return layout.num_layers - edge, len(layout.layers) - edge
+
+
 def frozen_parameters(model: nn.Module, layout: Layout) -> dict[str, nn.Parameter]:
     """Everything else but the tuned LoRA and the head: embeddings, attention, norms, pooler, whole
     FFNs, the LoRA of layers that do not train (FedOT's emulator; sent once)."""
