@@ -82,7 +82,8 @@ Choices where the paper is silent, and deviations:
   the metrics are always accuracy and macro-F1 (in [0, 1]).
 - FedOT's emulator is distilled as Offsite-tuning builds it (``emulator_distill``, the default): its
   middle layers train, before federated learning, so that the hidden state entering the top adapter
-  matches the full model's there (one compared state, by ``hidden_loss``; no LM term), with FedPFT's
+  matches the full model's there (one compared state, Offsite-tuning's normalised MSE, i.e.
+  ``layer_relative``; no LM term), with FedPFT's
   layer-level budget (``distill_steps``, ``distill_lr``, the public set). ``emulator_distill: false``
   sends the emulator as cut: the ablation measuring layer drop without alignment.
 - The initial distillation is repeated on resume (it is deterministic); the checkpoint's FFNs then

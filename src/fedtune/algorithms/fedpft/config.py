@@ -45,8 +45,9 @@ class FedPFTConfig(AlgorithmConfig):
     emulator_distill: bool = True
     """`layerdrop`: distil the emulator before federated learning, as Offsite-tuning builds it: its
     middle layers (between the adapters) train so that their output matches the full model's middle
-    block's, with the layer-level distillation's budget (`distill_steps`, `distill_lr`, the public set,
-    `hidden_loss`); `false`: the layer-dropped emulator as cut (an ablation)."""
+    block's (Offsite-tuning's normalised MSE), with the layer-level distillation's budget
+    (`distill_steps`, `distill_lr`, its schedule, the public set); `false`: the layer-dropped emulator
+    as cut (an ablation)."""
     labels: list[str] | None = None
     """Class names (default: the records' choices or a built-in set's categories)."""
     # Layer-level distillation (eq. 13) before federated learning, on public data.

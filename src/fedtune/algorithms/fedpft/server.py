@@ -176,14 +176,17 @@ class FedPFT(Algorithm[FedPFTConfig]):
             what: dict[str, Any] = {
                 "grad_masks": distill_masks(client, layout.widths, layout.compressed, frozen),
                 "mu": self.section.mu,
+                "hidden_loss": self.section.hidden_loss,
                 "extra_params": output_norm_parameters(client, layout.compressed) if layout.norms else None,
             }
-        else:  # FedOT: the emulator's middle layers, on the middle block's output
+        else:  # FedOT: the emulator's middle layers, on the middle block's output, Offsite-tuning's
+            # normalised MSE (the squared error over the teacher's mean square: layer_relative)
             edge = self.section.edge_layers
             what = {
                 "params": emulator_parameters(client, layout, edge),
                 "compare": emulator_outputs(layout, edge),
                 "mu": 0.0,
+                "hidden_loss": "layer_relative",
             }
         start = time.perf_counter()
         stats = distill_ffns(
@@ -192,7 +195,6 @@ class FedPFT(Algorithm[FedPFTConfig]):
             batches,
             steps=steps,
             lr=self.section.distill_lr,
-            hidden_loss=self.section.hidden_loss,
             schedule=self.section.distill_schedule,
             warmup_ratio=self.section.distill_warmup_ratio,
             **what,
