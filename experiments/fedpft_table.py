@@ -110,6 +110,17 @@ COLUMNS: list[layout.Column[layout.Entry]] = [
 ]
 
 
+def columns(cfg: Any, rows: list[layout.Entry]) -> list[layout.Column[layout.Entry]]:
+    """`COLUMNS`, with each row's learning rate after the partition when a row recorded one (rows from
+    before runs recorded it trained at the table's ``train.lr``)."""
+    if not any("lr" in result for _, result in rows):
+        return COLUMNS
+    lr: layout.Column[layout.Entry] = layout.Column(
+        "lr", lambda entry: f"{entry[1].get('lr', cfg.train.lr):g}"
+    )
+    return [*COLUMNS[:3], lr, *COLUMNS[3:]]
+
+
 def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], command: str) -> str:
     rows = [(key, result) for key, result in results.items() if result.get("seeds")]
     return "\n".join(
@@ -118,7 +129,7 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], suffixes: list[str], 
             "",
             f"`{command}`",
             "",
-            layout.table(COLUMNS, rows),
+            layout.table(columns(cfg, rows), rows),
             "",
             *(
                 [
@@ -192,7 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
+    parser.add_argument(
+        "--row-lr",
+        nargs="+",
+        default=[],
+        metavar="ROW=LR",
+        help="train these rows at their own lr (e.g. the sweep's best for the row): run directories "
+        "<row>-<dataset>-<partition>-lr<lr>-s<seed>; the table's lr column says which lr each row used",
+    )
     args = tables.parse_args(parser, argv)
+    own_lr = row_lrs(parser, args.row_lr)
     if args.render:
         renderers = {"table-": render_table, "sweep-lr-": fedpft_lr.render_lr_sweep}
         tables.render(args.render, parser, renderers, args.results_dir)
@@ -205,7 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         fedpft_lr.lr_sweep(args, cfg, base, suffixes, command)
         return
     rows = {f"{row}-{suffix}": row_overrides(row, suffix) for suffix in suffixes for row in args.rows}
-    runs = tables.plan(base, rows, args.seeds, args.set, seed_major=True)
+    stems = {}
+    for key in rows:
+        row = key.split("-")[0]
+        if row in own_lr:
+            rows[key] = [*rows[key], f"train.lr={own_lr[row]}"]
+            stems[key] = f"{key}-lr{own_lr[row]:g}"
+    runs = tables.plan(base, rows, args.seeds, args.set, stems=stems, seed_major=True)
     tables.start(args, runs.runs)
     results = {key: summarise(paths) for key, paths in runs.dirs.items()}
     stem = args.results_dir / f"table-{cfg.name}"
@@ -214,6 +240,23 @@ def main(argv: list[str] | None = None) -> None:
     text += tables.closing_notes(runs.dirs, stem, args, kept_rows=kept_names(kept))
     tables.write_table(stem, text, cfg.name, command, results, args)
     plot(cfg, results, suffixes, tables.sibling(stem, ".png"))
+
+
+def row_lrs(parser: Any, given: list[str]) -> dict[str, float]:
+    """``--row-lr ROW=LR ...`` as row -> lr; a malformed entry or an unknown row is a usage error."""
+    out: dict[str, float] = {}
+    for entry in given:
+        row, _, value = entry.partition("=")
+        try:
+            lr = float(value)
+        except ValueError:
+            parser.error(f"--row-lr {entry!r}: give ROW=LR, e.g. fedot=0.01")
+        if row not in ROWS:
+            parser.error(f"--row-lr {entry!r}: unknown row {row!r} (rows: {', '.join(ROWS)})")
+        if not lr > 0:
+            parser.error(f"--row-lr {entry!r}: the lr must be > 0")
+        out[row] = lr
+    return out
 
 
 def kept_names(kept: list[str]) -> list[str]:

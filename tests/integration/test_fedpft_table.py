@@ -18,15 +18,24 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     argv += ["--rows", "fedot_kd", "fedot", "fedpft", "fedpetuning", "--jobs", "2", "--set", "fed.rounds=1"]
     # FedPFT's distillation budget, FedOT's emulator's too; the rows without one keep theirs off
-    argv += ["--set", "fedpft.distill_steps=3"]
+    argv += ["--set", "fedpft.distill_steps=3", "--row-lr", "fedot=0.02"]  # FedOT at its own lr
     fedpft_table.main(argv)
-    for row, steps in (("fedot_kd", 3), ("fedot", 0), ("fedpft", 3), ("fedpetuning", 0)):
-        saved = yaml.safe_load(
-            (tmp_path / "runs" / "fedpft-tiny" / f"{row}-lexclass-iid-s0" / "config.yaml").read_text()
-        )
+    for row, steps, lr in (
+        ("fedot_kd", 3, 0.01),
+        ("fedot", 0, 0.02),
+        ("fedpft", 3, 0.01),
+        ("fedpetuning", 0, 0.01),
+    ):
+        name = f"{row}-lexclass-iid{'-lr0.02' if row == 'fedot' else ''}-s0"
+        saved = yaml.safe_load((tmp_path / "runs" / "fedpft-tiny" / name / "config.yaml").read_text())
         assert saved["fedpft"]["distill_steps"] == steps, row
+        assert saved["train"]["lr"] == lr and results_of(tmp_path)[f"{row}-lexclass-iid"]["lr"] == lr, row
     table = (tmp_path / "results" / "table-fedpft-tiny.md").read_text()
-    assert "| FedPFT | lexclass | iid |" in table and "| FedOT (layer drop) | lexclass | iid |" in table
+    assert "| method | data | partition | lr | accuracy |" in table
+    assert (
+        "| FedPFT | lexclass | iid | 0.01 |" in table
+        and "| FedOT (layer drop) | lexclass | iid | 0.02 |" in table
+    )
     assert "- lexclass-iid: FedOT (layer drop) < FedPFT:" in table
     assert "- lexclass-iid: FedOT (layer drop + distillation) < FedPFT:" in table
     assert "- lexclass-iid: FedOT (layer drop) < FedOT (layer drop + distillation):" in table
@@ -39,6 +48,24 @@ def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     assert pft["mb_down_per_round"] < full["mb_down_per_round"]
     assert (tmp_path / "results" / "table-fedpft-tiny.png").read_bytes().startswith(b"\x89PNG")
     fedpft_table.main([*argv, "--table-only"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("fedot", "give ROW=LR"),
+        ("fedot=x", "give ROW=LR"),
+        ("nope=0.1", "unknown row 'nope'"),
+        ("fedot=0", "> 0"),
+    ],
+)
+def test_a_bad_row_lr_is_a_usage_error_naming_it(
+    entry: str, problem: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = [str(ROOT / "configs" / "test" / "fedpft-tiny.yaml"), "--runs-dir", str(tmp_path), "--table-only"]
+    with pytest.raises(SystemExit):
+        fedpft_table.main([*argv, "--row-lr", entry])
+    assert problem in capsys.readouterr().err and not (tmp_path / "fedpft-tiny").exists()
 
 
 def results_of(tmp_path: Path) -> dict[str, Any]:
