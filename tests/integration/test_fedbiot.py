@@ -410,3 +410,6 @@ def test_the_kl_order_enters_the_initial_distillations_fingerprint_only_with_a_k
     # FedOT's and Offsite-tuning's distillation has no KL: their shared caches stay valid.
     no_kl = "fedbiot.align_lambda=0"
     assert fingerprint(no_kl) == fingerprint(no_kl, "fedbiot.kl_order=full_first")
+    # The LM term enters only when on: caches made before it existed stay valid.
+    assert fingerprint() == fingerprint("fedbiot.align_lm=0")
+    assert fingerprint(no_kl) != fingerprint(no_kl, "fedbiot.align_lm=0.033")

@@ -78,3 +78,43 @@ def test_teacher_and_student_indices_read_the_emulated_blocks_outputs(
     torch.testing.assert_close(student, kept[last_emulated][mask])
     # The top adapter's first layer reads exactly that state in both models.
     assert layers.kept[last_emulated + 1] == layers.adapter_top[0] == layers.emulator_full[-1] + 1
+
+
+def test_the_lm_term_is_the_models_own_next_token_loss_on_a_padded_batch(
+    model_and_batch: tuple[torch.nn.Module, dict[str, Tensor]],
+) -> None:
+    """Offsite-tuning's LM term, read off the logits at the non-pad positions, equals transformers' own
+    causal-LM loss with the pads' labels masked."""
+    from fedtune.algorithms.fedbiot.emulator import next_token_ce
+
+    model, batch = model_and_batch
+    with torch.no_grad():
+        _, logits = hidden_and_logits(model, batch, 0)
+        labels = batch["input_ids"].masked_fill(~batch["attention_mask"].bool(), -100)
+        expected = model(**batch, labels=labels).loss
+    assert float(next_token_ce(logits, batch)) == pytest.approx(float(expected), rel=1e-5)
+    one_token = {k: v[:, :1] for k, v in batch.items()}  # no position has a next token
+    assert float(next_token_ce(logits[:2], one_token)) == 0.0
+
+
+def test_the_lm_weight_adds_the_lm_term_to_the_alignment_step(
+    model_and_batch: tuple[torch.nn.Module, dict[str, Tensor]],
+) -> None:
+    from fedtune.algorithms.fedbiot.emulator import align_emulator, alignment_optimizer
+
+    model, batch = model_and_batch
+    layers = make_split(FedBiOTConfig(split="first_last", adapter_layers=2, dropout=0.5), LAYERS)
+
+    def aligned(lm_weight: float) -> tuple[float, dict[str, Tensor]]:
+        emulator = build_emulator(model, layers)  # type: ignore[arg-type]
+        optimizer = alignment_optimizer(emulator, layers, "sgd", 1e-2)
+        stats = align_emulator(
+            model, emulator, layers, [batch], lam=0.0, kl_order="emulator_first", optimizer=optimizer,
+            lm_weight=lm_weight,
+        )  # fmt: skip
+        return stats.loss, {n: p.detach().clone() for n, p in emulator.named_parameters()}
+
+    plain, plain_state = aligned(0.0)
+    with_lm, lm_state = aligned(0.5)
+    assert with_lm > plain  # the same first step's MSE plus half a positive cross-entropy
+    assert any(not torch.equal(plain_state[n], lm_state[n]) for n in plain_state)

@@ -42,6 +42,10 @@ class FedBiOTConfig(AlgorithmConfig):
     """The alignment's KL order: `emulator_first` = eq. 2's KL(M(x; A, E) || M(x; A, E*)), the emulator
     model's distribution first; `full_first` = the usual distillation order KL(full || emulator), an
     ablation (and what runs before this key existed used)."""
+    align_lm: float = Field(0.0, ge=0)
+    """Weight of a next-token cross-entropy term of the emulator model on the public batches, beside
+    eq. 2's terms: Offsite-tuning distils its emulator with LM 1 + KD 30 (its scripts), i.e. ``1/30``
+    beside the normalised MSE (with ``align_lambda: 0``); 0 (the default): eq. 2 alone."""
     init_steps: int = Field(50, ge=0)
     """Emulator distillation steps before training (I_0)."""
     align_steps: int = Field(10, ge=0)
@@ -88,6 +92,7 @@ def init_fingerprint(cfg: ExperimentConfig) -> dict[str, Any]:
         "align_lambda": section.align_lambda,
         # Without a KL term the order changes nothing: FedOT's and Offsite-tuning's caches stay valid.
         **({"kl_order": section.kl_order} if section.align_lambda > 0 else {}),
+        **({"align_lm": section.align_lm} if section.align_lm > 0 else {}),  # older caches stay valid
         "align_optimizer": section.align_optimizer,
         "align_lr": section.align_lr,
         "align_batch_size": section.align_batch_size,

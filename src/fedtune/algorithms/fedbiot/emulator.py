@@ -85,6 +85,19 @@ def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -
     return out.hidden_states[hidden_index][mask], out.logits[mask]
 
 
+def next_token_ce(logits: Tensor, batch: Batch) -> Tensor:
+    """The mean cross-entropy of ``logits`` [P, V] (at the P non-pad positions of ``batch``, in row-major
+    order, as `hidden_and_logits` gives them) against each position's next token; positions whose next
+    token is padding or past the end do not count."""
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    following = torch.full_like(ids, -100)
+    following[:, :-1] = torch.where(mask[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+    targets = following[mask].to(logits.device)
+    if not bool((targets != -100).any()):
+        return logits.new_zeros((), dtype=torch.float32)
+    return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=-100)
+
+
 def emulator_parameters(emulator: torch.nn.Module, split: LayerSplit) -> dict[str, torch.nn.Parameter]:
     """E's parameters: what the server's alignment trains."""
     return layer_parameters(emulator, split.emulator, split.emulator_positions())
@@ -121,6 +134,7 @@ def align_emulator(
     kl_order: Literal["emulator_first", "full_first"],
     optimizer: torch.optim.Optimizer,
     clip_norm: float | None = 1.0,
+    lm_weight: float = 0.0,
 ) -> AlignStats:
     """One step of eq. (2) per batch (``input_ids``/``attention_mask`` [B, T]): only E's parameters
     (``emulator_parameters``) train; the loss compares E's and E*'s hidden states [P, H] and the
@@ -128,7 +142,8 @@ def align_emulator(
 
     Student and teacher both run without dropout (eval mode), so the distillation target and the
     student see the same deterministic functions; ``optimizer`` holds E's parameters and keeps its
-    state from call to call.
+    state from call to call. ``lm_weight`` > 0 adds that times the emulator model's mean next-token
+    cross-entropy on the batch (Offsite-tuning's LM term).
     """
     if not batches:
         return AlignStats(0.0, 0.0, 0.0, 0)
@@ -143,6 +158,8 @@ def align_emulator(
         loss, mse, kl = emulator_alignment_loss(
             student_hidden, teacher_hidden, student_logits, teacher_logits, lam, kl_order=kl_order
         )
+        if lm_weight > 0:
+            loss = loss + lm_weight * next_token_ce(student_logits, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip_norm:

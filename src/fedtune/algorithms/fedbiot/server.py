@@ -170,6 +170,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             kl_order=section.kl_order,
             optimizer=self._new_align_optimizer(),
             clip_norm=section.align_clip_norm,
+            lm_weight=section.align_lm,
         )
         state = emulator_state(emulator, split)
         info = {"fingerprint": digest, "config": init_fingerprint(self.cfg), "stats": stats.__dict__}
@@ -232,6 +233,7 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
             kl_order=self.section.kl_order,
             optimizer=self._align_optimizer(),
             clip_norm=self.section.align_clip_norm,
+            lm_weight=self.section.align_lm,
         )
         self.emulator_version += 1
         return align
