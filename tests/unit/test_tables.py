@@ -263,6 +263,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedpft_table", "sweep-lr-fedpft-minilm-distill-r30"),
         ("fedbiot_table", "table-fedbiot-qa-k30-d0.5"),
         ("fedmkt_table", "table-fedmkt-wic"),
+        ("fedmkt_table", "table-fedmkt-wic-r5"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("unequal_table", "search-unequal-smollm2"),
         ("unequal_table", "table-unequal-smollm2"),
