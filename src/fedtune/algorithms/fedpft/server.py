@@ -120,9 +120,10 @@ class FedPFT(Algorithm[FedPFTConfig]):
         return self.layout is not None and bool(self.layout.compressed)
 
     def _distills_emulator(self) -> bool:
-        """Whether FedOT's emulator is distilled before federated learning (Offsite-tuning's recipe)."""
+        """Whether FedOT's emulator is distilled before federated learning (Offsite-tuning's recipe; with
+        ``distill_steps`` > 0, which `setup` checks for both distillations)."""
         section = self.section
-        return section.submodel == "layerdrop" and section.emulator_distill and section.distill_steps > 0
+        return section.submodel == "layerdrop" and section.emulator_distill
 
     def _load_tuned(self, model: Any, state: Mapping[str, np.ndarray], what: str) -> None:
         """``state`` into the full model, or into the client model (keys mapped by the layout)."""

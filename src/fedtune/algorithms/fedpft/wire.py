@@ -37,6 +37,7 @@ from fedtune.models.layers import truncate_layers
 from fedtune.models.lora import build_lora, lora_targets
 from fedtune.models.surgery import (
     layer_index,
+    layer_parameters,
     layer_pattern,
     num_decoder_layers,
     relabel,
@@ -252,12 +253,8 @@ def emulator_middle(layout: Layout, edge: int) -> tuple[int, ...]:
 def emulator_parameters(model: nn.Module, layout: Layout, edge: int) -> dict[str, nn.Parameter]:
     """Every weight of the emulator's middle layers (`emulator_middle`; their LoRA excluded), keyed
     with original indices."""
-    middle, pattern = set(emulator_middle(layout, edge)), layer_pattern(unwrap(model))
-    return {
-        name: p
-        for name, p in _original_names(model, layout).items()
-        if "lora_" not in name and layer_index(name, pattern) in middle
-    }
+    middle = emulator_middle(layout, edge)
+    return layer_parameters(unwrap(model), middle, layout.positions(), keep=lambda n: "lora_" not in n)
 
 
 def emulator_outputs(layout: Layout, edge: int) -> tuple[int, int]:
