@@ -19,6 +19,7 @@ from fedtune.algorithms.fedbiot.config import FedBiOTConfig
 from fedtune.data.records import Record
 from fedtune.data.templates import TemplateName
 from fedtune.data.tokenize import encode_records, make_batches
+from fedtune.decode.generate import model_device
 from fedtune.models.surgery import (
     LayerSplit,
     layer_extract,
@@ -70,10 +71,11 @@ def hidden_and_logits(model: torch.nn.Module, batch: Batch, hidden_index: int) -
     runs on the non-pad positions only.
     """
     causal: Any = unwrap(model)
-    mask = batch["attention_mask"].bool()
+    device = model_device(causal)  # the batches are built on the CPU; the models may sit on a GPU
+    mask = batch["attention_mask"].to(device).bool()
     inputs = {
-        "input_ids": batch["input_ids"],
-        "attention_mask": batch["attention_mask"],
+        "input_ids": batch["input_ids"].to(device),
+        "attention_mask": batch["attention_mask"].to(device),
         "use_cache": False,
         "output_hidden_states": True,
     }
