@@ -5,6 +5,8 @@
 #
 #   bash scripts/gpu_check.sh            # run it (refuses without nvidia-smi or a CUDA torch)
 #   bash scripts/gpu_check.sh --dry-run  # list the steps, one a line; runs nothing, any machine
+#   PY=python3 bash scripts/gpu_check.sh # another interpreter (one whose torch is a CUDA build)
+#   GPU_CHECK_BUDGET_S=480 bash scripts/gpu_check.sh   # a budget other than 10 minutes
 #
 # A 10-minute budget in all: each step runs under `timeout` with what is left of it (at most its own
 # cap), so one hung step cannot eat the others' time; a step that fails or times out is recorded in
@@ -12,9 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=.venv/bin/python
+PY="${PY:-.venv/bin/python}"
 OUT=bench/results/gpu-check
-BUDGET_S=600
+BUDGET_S="${GPU_CHECK_BUDGET_S:-600}"
+if ! [[ "$BUDGET_S" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check: GPU_CHECK_BUDGET_S must be a whole number of seconds above 0, got '$BUDGET_S'" >&2
+  exit 2
+fi
 
 # name|cap in seconds|command
 STEPS=("device-info|30|nvidia-smi --query-gpu=name,memory.total --format=csv && $PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0))'")
@@ -44,8 +50,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "Run it on a machine with a CUDA GPU, or list the steps with --dry-run." >&2
   exit 1
 fi
-if [ ! -x "$PY" ]; then
-  echo "gpu_check: $PY not found: run bash scripts/setup.sh first (with a CUDA build of torch)." >&2
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "gpu_check: $PY not found: run bash scripts/setup.sh first (with a CUDA build of torch)," >&2
+  echo "or name an interpreter that has one: PY=python3 bash scripts/gpu_check.sh" >&2
   exit 1
 fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
