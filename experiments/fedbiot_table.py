@@ -11,10 +11,16 @@ Methods (each a normal run directory ``--runs-dir/<config name>/<method>-d<dropo
   last 2 layers, emulator distilled once (``align_steps=0``) by the hidden-state MSE alone (no FedBiOT KL
   term: ``align_lambda=0``), no proximal term;
 - ``fedot``: FedOT, the same split and fixed emulator, federated;
+- ``offsite_lm`` / ``fedot_lm`` (run when ``--methods`` names them): the two baselines with their papers'
+  LM term beside the MSE in the emulator's distillation (``fedbiot.align_lm``, 1/30 of it);
 - ``fedbiot_a2`` / ``fedbiot_a4``: FedBiOT with the last 2 / 4 layers as the adapter.
 Each is evaluated as AdapEmu (adapter + emulator) and AdapFu (adapter + full model) at the last round;
 the table gives mean ± std over seeds (the sample std), bytes per round and what a client holds.
 
+``--lrs LR ...`` searches the lr of each method on the validation split at the first dropout
+(`experiments.fedbiot_lr`: ``sweep-lr-<config name>``, each method's best lr); ``--row-lr METHOD=LR ...``
+then runs the table's methods at their own lr (run directories ``<method>-d<dropout>-lr<lr>-s<seed>``),
+and the table's lr column says which lr each row trained at.
 ``--init-sweep I_0 ...`` measures how many steps the initial emulator distillation needs
 (`experiments.fedbiot_init`); ``--ablation`` is Appendix C's lambda and eps (`experiments.fedbiot_ablation`).
 
@@ -44,8 +50,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import fedbiot_ablation, fedbiot_init, plots, tables
-from experiments.fedbiot_rows import LABELS, METHODS, primary_metric, start
+from experiments import fedbiot_ablation, fedbiot_init, fedbiot_lr, plots, tables
+from experiments.fedbiot_rows import BASELINES, LABELS, METHODS, ON_DEMAND, primary_metric, start
 from experiments.fedbiot_trajectory import plot_trajectory, trajectory_markdown, trajectory_summary
 from experiments.tables import layout
 
@@ -65,6 +71,9 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
         out["mb_down_per_round"] = tables.per_round_mb(rows, "bytes_down", 2**20)
         out["mb_up_per_round"] = tables.per_round_mb(rows, "bytes_up", 2**20)
         out["emulator_sends"] = int(sum(r.get("emulator_sends", 0) for r in rows))
+        lr = tables.run_lr(done[0])
+        if lr is not None:
+            out["lr"] = lr
     # How far the clients moved the adapter (what the proximal term acts on): per seed the mean over
     # the trained rounds, then mean ± std over seeds; runs that predate the metric have none.
     trained = {tables.seed_of(d): tables.trained_rows(tables.read_rows(d)) for d in done}
@@ -112,7 +121,7 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
         for name, model in (("AdapEmu", "adapemu"), ("AdapFu", "adapfu")):
             key = f"{model}/{metric}_by_seed"
             present = {m: results.get(f"{m}-d{d}", {}).get(key, {}) for m in LABELS}
-            compared = [m for m in ("offsite", "fedot") if present[m]]
+            compared = [m for m in BASELINES if present[m]]
             for method in ("fedbiot_a2", "fedbiot_a4"):
                 names = [method, *compared]
                 seeds = tables.common_seeds([present[m] for m in names])
@@ -153,6 +162,9 @@ def markdown(
     for d in dropouts:
         header += [f"AdapEmu d={d}", f"AdapFu d={d}"]
     header += ["MB down / round", "MB up / round", "client params (M)", "adapter params (M)"]
+    with_lr = any("lr" in r for r in results.values())
+    if with_lr:
+        header.insert(1, "lr")
     seeds = max((r.get("seeds", 0) for r in results.values()), default=0)
     rows = []
     for method, label in LABELS.items():
@@ -167,6 +179,8 @@ def markdown(
             ]
         if not first:
             continue
+        if with_lr:
+            cells.insert(1, f"{first['lr']:g}" if "lr" in first else "-")
         client = first.get("client", {})
         cells += [
             f"{first.get('mb_down_per_round', 0):.1f}",
@@ -249,7 +263,8 @@ def plot(
 
 def main(argv: list[str] | None = None) -> None:
     parser = tables.table_parser(__doc__, jobs=False, keep_earlier=True)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    default_methods = [m for m in METHODS if m not in ON_DEMAND]
+    parser.add_argument("--methods", nargs="+", default=default_methods, choices=list(METHODS))
     parser.add_argument(
         "--dropouts", nargs="+", type=float, help="emulator dropouts (default: 0.2 0.5; --init-sweep: 0.5)"
     )
@@ -264,13 +279,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also tabulate and plot every evaluated round of each method (trajectory-<config name>)",
     )
+    parser.add_argument(
+        "--lrs", nargs="+", type=float, help="search train.lr per method (validation split, first dropout)"
+    )
+    tables.row_lr_option(parser, "fedot=0.01")
     args = tables.parse_args(parser, argv)
+    own_lr = tables.row_lrs(parser, args.row_lr, METHODS)
     if args.render:
         renderers: dict[str, tables.Renderer] = {
             "table-": render_table,
             "ablation-": fedbiot_ablation.render_ablation,
             "sweep-i0-": fedbiot_init.render_init_sweep,
             "trajectory-": render_trajectory,
+            "sweep-lr-": fedbiot_lr.render_sweep,
         }
         tables.render(args.render, parser, renderers, args.results_dir)
         return
@@ -282,6 +303,10 @@ def main(argv: list[str] | None = None) -> None:
         fedbiot_init.init_sweep(args, cfg, base, command)
         return
     args.dropouts = args.dropouts or [0.2, 0.5]
+    if args.lrs:
+        fedbiot_lr.check_sweepable(parser, cfg)
+        fedbiot_lr.lr_sweep(args, cfg, base, metric, command, summarise)
+        return
     if args.ablation:
         variants = {"default": [], **fedbiot_ablation.ABLATION}
         fedbiot = [*METHODS["fedbiot_a2"], "fedbiot.dropout=0.2"]
@@ -294,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
             for d in args.dropouts
             for method in args.methods
         }
-        stems = {}
+        stems = tables.at_own_lr(rows, own_lr, lambda key: key.rpartition("-d")[0])
     runs = tables.plan(base, rows, args.seeds, args.set, stems=stems)
     start(args, runs)
     dirs = runs.dirs

@@ -104,7 +104,14 @@ def plot_trajectory(
     names = list(dict.fromkeys([metric, "perplexity"]))
     figure = Figure(figsize=(9.0, 3.2 * len(names) + 0.6), layout="constrained")
     grid = figure.subplots(len(names), 2, squeeze=False)
-    colours = dict(zip(labels, ("#2ca02c", "#ff7f0e", "#1f77b4", "#9467bd"), strict=True))
+    colours = {
+        "offsite": "#2ca02c",
+        "fedot": "#ff7f0e",
+        "offsite_lm": "#8c564b",
+        "fedot_lm": "#e377c2",
+        "fedbiot_a2": "#1f77b4",
+        "fedbiot_a4": "#9467bd",
+    }
     dropouts = sorted({key.split("-d")[1] for key in curves})
     for row, name in zip(grid, names, strict=True):
         factor = scale if name == metric else 1.0

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from experiments import tables
 
 ROWS: dict[str, list[str]] = {
@@ -98,7 +96,7 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
     out["mb_up_per_round"] = tables.per_round_mb(rounds, "bytes_up")
     out["mb_down_per_round"] = tables.per_round_mb(rounds, "bytes_down")
     out["peak_rss_mb"] = max(float(r.get("peak_rss_mb", 0.0)) for r in rounds)
-    lr = run_lr(done)
+    lr = tables.run_lr(done)
     if lr is not None:
         out["lr"] = lr
     info = done / "artifacts" / "fedpft.json"
@@ -107,14 +105,6 @@ def summarise(run_dirs: list[Path]) -> dict[str, Any]:
         out["params"] = saved["params"]
         out["distill_seconds"] = [round(d["seconds"], 1) for d in saved["distillation"]]
     return out
-
-
-def run_lr(run_dir: Path) -> float | None:
-    """The learning rate a run trained at, from the config it saved (None: no config saved with one)."""
-    path = run_dir / "config.yaml"
-    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
-    lr = (saved or {}).get("train", {}).get("lr")
-    return None if lr is None else float(lr)
 
 
 def one_class_on_two(accuracy: float, macro_f1: float) -> bool:

@@ -203,16 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lrs", nargs="+", type=float, help="sweep train.lr (validation split); picks one lr for all rows"
     )
-    parser.add_argument(
-        "--row-lr",
-        nargs="+",
-        default=[],
-        metavar="ROW=LR",
-        help="train these rows at their own lr (e.g. the sweep's best for the row): run directories "
-        "<row>-<dataset>-<partition>-lr<lr>-s<seed>; the table's lr column says which lr each row used",
-    )
+    tables.row_lr_option(parser, "fedot=0.01")
     args = tables.parse_args(parser, argv)
-    own_lr = row_lrs(parser, args.row_lr)
+    own_lr = tables.row_lrs(parser, args.row_lr, ROWS)
     if args.render:
         renderers = {"table-": render_table, "sweep-lr-": fedpft_lr.render_lr_sweep}
         tables.render(args.render, parser, renderers, args.results_dir)
@@ -225,12 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         fedpft_lr.lr_sweep(args, cfg, base, suffixes, command)
         return
     rows = {f"{row}-{suffix}": row_overrides(row, suffix) for suffix in suffixes for row in args.rows}
-    stems = {}
-    for key in rows:
-        row = key.split("-")[0]
-        if row in own_lr:
-            rows[key] = [*rows[key], f"train.lr={own_lr[row]}"]
-            stems[key] = f"{key}-lr{own_lr[row]:g}"
+    stems = tables.at_own_lr(rows, own_lr, lambda key: key.split("-")[0])
     runs = tables.plan(base, rows, args.seeds, args.set, stems=stems, seed_major=True)
     tables.start(args, runs.runs)
     results = {key: summarise(paths) for key, paths in runs.dirs.items()}
@@ -240,23 +228,6 @@ def main(argv: list[str] | None = None) -> None:
     text += tables.closing_notes(runs.dirs, stem, args, kept_rows=kept_names(kept))
     tables.write_table(stem, text, cfg.name, command, results, args)
     plot(cfg, results, suffixes, tables.sibling(stem, ".png"))
-
-
-def row_lrs(parser: Any, given: list[str]) -> dict[str, float]:
-    """``--row-lr ROW=LR ...`` as row -> lr; a malformed entry or an unknown row is a usage error."""
-    out: dict[str, float] = {}
-    for entry in given:
-        row, _, value = entry.partition("=")
-        try:
-            lr = float(value)
-        except ValueError:
-            parser.error(f"--row-lr {entry!r}: give ROW=LR, e.g. fedot=0.01")
-        if row not in ROWS:
-            parser.error(f"--row-lr {entry!r}: unknown row {row!r} (rows: {', '.join(ROWS)})")
-        if not lr > 0:
-            parser.error(f"--row-lr {entry!r}: the lr must be > 0")
-        out[row] = lr
-    return out
 
 
 def kept_names(kept: list[str]) -> list[str]:

@@ -2,8 +2,8 @@
 overrides), what it reads off a finished run, its claims (the paper's orderings) and its table's columns;
 this package does the rest, one module a concern:
 
-- `runs`: rows and seeds (`plan`), running (`start`, `run`), reading a finished run (`finished_rows`,
-  `finals`);
+- `runs`: rows and seeds (`plan`; each row at its own lr: `row_lr_option`, `row_lrs`, `at_own_lr`,
+  `run_lr`), running (`start`, `run`), reading a finished run (`finished_rows`, `finals`);
 - `aggregate`: values over seeds (`over_seeds`, `seed_values`) and their cells (`cell`);
 - `verdicts`: claims (`check`, `verdict`, `on_common_seeds`; `paired_interval`, a claim's paired t
   interval and its verdict; `claim_text`, the intervals of a claim's adjacent rows as the
@@ -46,6 +46,7 @@ from experiments.tables.render import Recorded, Renderer, render, stamp_of
 from experiments.tables.runs import (
     RESULTS_DIR,
     Plan,
+    at_own_lr,
     finals,
     finished_rows,
     last_evaluated,
@@ -54,8 +55,11 @@ from experiments.tables.runs import (
     per_round_mb,
     plan,
     read_rows,
+    row_lr_option,
+    row_lrs,
     run,
     run_all,
+    run_lr,
     seed_dirs,
     seed_of,
     start,
@@ -84,6 +88,7 @@ __all__ = [
     "Recorded",
     "Renderer",
     "Verdict",
+    "at_own_lr",
     "carried_seeds",
     "cell",
     "check",
@@ -119,8 +124,11 @@ __all__ = [
     "rejected_replies",
     "render",
     "rises",
+    "row_lr_option",
+    "row_lrs",
     "run",
     "run_all",
+    "run_lr",
     "run_notes",
     "seed_dirs",
     "seed_of",

@@ -7,6 +7,9 @@ what a finished run's metrics say.
 - Running (`start`, `run`): ``python -m fedtune run <config> <overrides> -o <run dir>`` in a subprocess of
   its own (a crash or an out-of-memory kill loses one run), its output appended to ``<run dir>.log``; a
   run with checkpoints is resumed, a finished one is skipped. ``--jobs`` runs at once, one thread each.
+- Each row at its own lr (``--row-lr ROW=LR``: `row_lr_option`, `row_lrs`, `at_own_lr`): the named rows
+  train at their lr, in run directories ``<row>-lr<lr>-s<seed>``; `run_lr` reads the lr a run trained at
+  back from its saved config, so a table can say which lr each row used.
 - Reading: a run counts once it has finished (its last metrics row is the config's last round). Metrics
   are read through ``fedtune.report.io.read_metrics`` (a round re-run after a resume counts once).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from bench.common import sibling
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
@@ -147,6 +151,58 @@ def plan(
         pairs.sort(key=lambda pair: pair[1])  # stable: the rows keep their order within a seed
     runs = {dirs[row][i]: [*extra, *rows[row], f"seed={seeds[i]}"] for row, i in pairs}
     return Plan(dirs, runs)
+
+
+def row_lr_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--row-lr ROW=LR ...`` on a table's command line (``example``: one entry, e.g. ``fedot=0.01``)."""
+    parser.add_argument(
+        "--row-lr",
+        nargs="+",
+        default=[],
+        metavar="ROW=LR",
+        help=f"train these rows at their own lr (e.g. {example}: the lr sweep's best for the row); their "
+        "run directories are <row>-lr<lr>-s<seed>, and the table's lr column says which lr each row used",
+    )
+
+
+def row_lrs(parser: argparse.ArgumentParser, given: Sequence[str], rows: Iterable[str]) -> dict[str, float]:
+    """``--row-lr ROW=LR ...`` as row -> lr; a malformed entry, an unknown row or an lr <= 0 is a usage
+    error naming the entry."""
+    known = list(rows)
+    out: dict[str, float] = {}
+    for entry in given:
+        row, _, value = entry.partition("=")
+        try:
+            lr = float(value)
+        except ValueError:
+            parser.error(f"--row-lr {entry!r}: give ROW=LR, e.g. {known[0]}=0.01")
+        if row not in known:
+            parser.error(f"--row-lr {entry!r}: unknown row {row!r} (rows: {', '.join(known)})")
+        if not lr > 0:
+            parser.error(f"--row-lr {entry!r}: the lr must be > 0")
+        out[row] = lr
+    return out
+
+
+def at_own_lr(rows: dict[str, list[str]], own: Mapping[str, float], row_of: Any) -> dict[str, str]:
+    """Give each table row (key -> overrides) whose row (``row_of(key)``) is in ``own`` its lr: ``train.lr``
+    appended to its overrides (in place: after ``--set`` and the row's own keys, so it wins), and its
+    runs' stem ``<key>-lr<lr>`` (returned, key -> stem, for `plan`), so runs at two lrs never mix."""
+    stems = {}
+    for key, overrides in rows.items():
+        lr = own.get(row_of(key))
+        if lr is not None:
+            rows[key] = [*overrides, f"train.lr={lr}"]
+            stems[key] = f"{key}-lr{lr:g}"
+    return stems
+
+
+def run_lr(run_dir: Path) -> float | None:
+    """The learning rate a run trained at, from the config it saved (None: no config saved with one)."""
+    path = run_dir / "config.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    lr = (saved or {}).get("train", {}).get("lr")
+    return None if lr is None else float(lr)
 
 
 def start(

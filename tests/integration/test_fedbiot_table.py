@@ -265,3 +265,108 @@ def test_keep_earlier_merges_the_seeds_of_a_row_whose_other_seeds_are_elsewhere(
     text = (results / "table-fedbiot-tiny.md").read_text()
     assert "4.67 ± 1.53" in text  # 3, 5, 6: sample std sqrt(7 / 3)
     assert "Seeds kept from the previous results file" in text and "FedOT d=0.5: 0, 1" in text
+
+
+def tiny_argv(tmp_path: Path) -> list[str]:
+    config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    return [*argv, "--dropouts", "0.4", "--set", "fed.rounds=1"]
+
+
+def test_the_lr_search_scores_each_method_on_validation_and_names_its_best_lr(tmp_path: Path) -> None:
+    # Execute: two methods at two lrs, one seed
+    fedbiot_table.main([*tiny_argv(tmp_path), "--methods", "fedot", "fedbiot_a2", "--lrs", "0.01", "0.05"])
+    # Assert: every run evaluated on the validation split at its lr; each method has a best lr among them
+    runs = tmp_path / "runs" / "fedbiot-tiny"
+    for lr in ("0.01", "0.05"):
+        for method in ("fedot", "fedbiot_a2"):
+            saved = yaml.safe_load((runs / f"lr{lr}-{method}-d0.4-s0" / "config.yaml").read_text())
+            assert saved["data"]["eval_split"] == "validation" and saved["train"]["lr"] == float(lr)
+            assert saved["fedbiot"]["dropout"] == 0.4
+    stem = tmp_path / "results" / "sweep-lr-fedbiot-tiny"
+    results = json.loads(stem.with_suffix(".json").read_text())["results"]
+    assert set(results["best_lr"]) == {"fedot", "fedbiot_a2"}
+    assert set(results["best_lr"].values()) <= {0.01, 0.05}
+    text = stem.with_suffix(".md").read_text()
+    chosen = " ".join(f"{m}={results['best_lr'][m]:g}" for m in ("fedot", "fedbiot_a2"))
+    assert f"`--row-lr {chosen}`" in text and "| FedOT |" in text
+    assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_best_lr_takes_the_higher_mean_of_both_outputs_then_lower_perplexity() -> None:
+    from argparse import Namespace
+
+    from experiments import fedbiot_lr
+
+    args = Namespace(methods=["fedot", "fedbiot_a2"], lrs=[0.01, 0.02, 0.05], dropouts=[0.2])
+
+    def cell(emu: float, fu: float, ppl: float) -> dict[str, float]:
+        return {"adapemu/rougeL": emu, "adapfu/rougeL": fu, "adapfu/perplexity": ppl}
+
+    results = {
+        # FedOT: 0.02's mean (0.3) beats 0.01's (0.25) though 0.01 has the best single output
+        "lr0.01-fedot-d0.2": cell(0.1, 0.4, 9.0),
+        "lr0.02-fedot-d0.2": cell(0.3, 0.3, 9.0),
+        "lr0.05-fedot-d0.2": {"adapemu/rougeL": 0.9},  # AdapFu missing: not finished, not a candidate
+        # FedBiOT: a tie on the mean goes to the lower AdapFu perplexity
+        "lr0.01-fedbiot_a2-d0.2": cell(0.2, 0.2, 8.0),
+        "lr0.02-fedbiot_a2-d0.2": cell(0.2, 0.2, 7.0),
+        "lr0.05-fedbiot_a2-d0.2": cell(0.1, 0.2, 1.0),
+    }
+    assert fedbiot_lr.best_lrs(args, results, "rougeL") == {"fedot": 0.02, "fedbiot_a2": 0.02}
+    # On perplexity lower is better
+    ppl = {k: {"adapemu/perplexity": v.get("adapfu/perplexity", 0), **v} for k, v in results.items()}
+    ppl = {k: {**v, "adapfu/perplexity": v.get("adapfu/perplexity", 50.0)} for k, v in ppl.items()}
+    assert fedbiot_lr.best_lrs(args, ppl, "perplexity")["fedbiot_a2"] == 0.05
+
+
+def test_row_lr_runs_a_method_at_its_own_lr_and_the_table_says_which(tmp_path: Path) -> None:
+    argv = [*tiny_argv(tmp_path), "--methods", "fedot", "fedbiot_a2", "--row-lr", "fedbiot_a2=0.02"]
+    fedbiot_table.main(argv)
+    runs = tmp_path / "runs" / "fedbiot-tiny"
+    own = yaml.safe_load((runs / "fedbiot_a2-d0.4-lr0.02-s0" / "config.yaml").read_text())["train"]["lr"]
+    other = yaml.safe_load((runs / "fedot-d0.4-s0" / "config.yaml").read_text())["train"]["lr"]
+    assert own == 0.02 and other == load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml").train.lr
+    assert not (runs / "fedbiot_a2-d0.4-s0").exists()
+    table = (tmp_path / "results" / "table-fedbiot-tiny.md").read_text()
+    assert "| method | lr |" in table
+    assert "| FedBiOT (Adapter 2) | 0.02 |" in table and f"| FedOT | {other:g} |" in table
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"), [("fedot", "give ROW=LR"), ("nope=0.1", "unknown row 'nope'"), ("fedot=-1", "> 0")]
+)
+def test_a_bad_row_lr_is_a_usage_error_naming_it(
+    entry: str, problem: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit):
+        fedbiot_table.main([*tiny_argv(tmp_path), "--table-only", "--row-lr", entry])
+    assert problem in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_the_lr_search_refuses_a_config_that_evaluates_on_another_dataset(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = [
+        str(ROOT / "configs" / "paper" / "fedbiot-code.yaml"),
+        "--runs-dir",
+        str(tmp_path),
+        "--lrs",
+        "0.01",
+    ]
+    with pytest.raises(SystemExit):
+        fedbiot_table.main(argv)
+    err = capsys.readouterr().err
+    assert "data.eval_dataset 'humaneval'" in err and "validation split" in err
+    assert not (tmp_path / "fedbiot-code").exists()
+
+
+def test_the_lm_rows_are_the_baselines_with_their_papers_lm_term() -> None:
+    config = ROOT / "configs" / "paper" / "fedbiot-math.yaml"
+    for plain, with_lm in (("offsite", "offsite_lm"), ("fedot", "fedot_lm")):
+        a = load_config(config, fedbiot_rows.METHODS[plain])
+        b = load_config(config, fedbiot_rows.METHODS[with_lm])
+        assert a.fedbiot.align_lm == 0 and b.fedbiot.align_lm == pytest.approx(1 / 30, rel=0.02)
+        assert b.fedbiot.align_lambda == 0 and b.fed.mode == a.fed.mode
+        assert b.fedbiot.model_dump(exclude={"align_lm"}) == a.fedbiot.model_dump(exclude={"align_lm"})
+    assert set(fedbiot_rows.ON_DEMAND) <= set(fedbiot_rows.BASELINES)

@@ -279,3 +279,20 @@ def test_a_committed_table_renders_from_its_json_byte_for_byte(
     module = importlib.import_module(f"experiments.{script}")
     module.main(["--render", str(results / f"{table}.json"), "--results-dir", str(tmp_path)])
     assert (tmp_path / f"{table}.md").read_bytes() == (results / f"{table}.md").read_bytes()
+
+
+def test_at_own_lr_gives_the_named_rows_their_lr_last_and_a_stem_of_their_own() -> None:
+    rows = {"fedot-d0.2": ["fedbiot.split=first_last"], "fedbiot_a2-d0.2": ["fedbiot.split=last"]}
+    stems = tables.at_own_lr(rows, {"fedot": 0.01}, lambda key: key.rpartition("-d")[0])
+    assert stems == {"fedot-d0.2": "fedot-d0.2-lr0.01"}
+    assert rows["fedot-d0.2"] == ["fedbiot.split=first_last", "train.lr=0.01"]  # last: it wins
+    assert rows["fedbiot_a2-d0.2"] == ["fedbiot.split=last"]
+
+
+def test_run_lr_reads_the_lr_a_run_saved(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.yaml").write_text("train:\n  lr: 0.005\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.yaml").write_text("name: x\n")
+    assert tables.run_lr(tmp_path / "a") == 0.005
+    assert tables.run_lr(tmp_path / "b") is None and tables.run_lr(tmp_path / "none") is None
