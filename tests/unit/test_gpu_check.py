@@ -36,16 +36,21 @@ def test_the_dry_run_lists_every_step_and_exits_0() -> None:
     assert all("bench/results/gpu-check" in line for line in lines if "bench" in line.split(":", 1)[0])
 
 
-def test_the_interpreter_can_be_named() -> None:
-    # A GPU machine whose own python3 holds a CUDA torch needs no .venv
-    done = subprocess.run(
+def dry_run_with(**env: str) -> subprocess.CompletedProcess[str]:
+    """The dry run with these environment variables set."""
+    return subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--dry-run"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PY": "python3"},
+        env={**os.environ, **env},
     )
+
+
+def test_the_interpreter_can_be_named() -> None:
+    # A GPU machine whose own python3 holds a CUDA torch needs no .venv
+    done = dry_run_with(PY="python3")
     assert done.returncode == 0, done.stderr
     steps = done.stdout.splitlines()[1:]
     assert steps and all(line.split(": ", 1)[1].startswith("python3 -m ") for line in steps)
@@ -53,14 +58,7 @@ def test_the_interpreter_can_be_named() -> None:
 
 @pytest.mark.parametrize("budget", ["0", "ten", "-5"])
 def test_a_budget_that_is_not_whole_seconds_is_refused(budget: str) -> None:
-    done = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--dry-run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "GPU_CHECK_BUDGET_S": budget},
-    )
+    done = dry_run_with(GPU_CHECK_BUDGET_S=budget)
     assert done.returncode == 2 and "GPU_CHECK_BUDGET_S" in done.stderr and budget in done.stderr
 
 
