@@ -103,3 +103,23 @@ def test_no_intact_checkpoint_is_none_with_every_reason(tmp_path: Path) -> None:
     path, damaged = intact_checkpoint(tmp_path)
 
     assert path is None and len(damaged) == 2
+
+
+def test_a_bf16_optimizer_state_goes_into_a_checkpoint_and_back(tmp_path: Path) -> None:
+    # FedBiOT's server aligns its bf16 emulator (model.dtype auto on a GPU) with AdamW; numpy has no bf16
+    from fedtune.train.optim import optimizer_state_from_tree, optimizer_state_to_tree
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    layer(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    optimizer.step()
+    tree = optimizer_state_to_tree(optimizer)
+    save_checkpoint(tmp_path, 1, {"opt": tree})
+    restored = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    restored.load_state_dict(optimizer_state_from_tree(load_checkpoint(latest(tmp_path))["opt"]))
+    for index, entry in optimizer.state_dict()["state"].items():
+        for key, value in entry.items():
+            again = restored.state_dict()["state"][index][key]
+            # (the checkpoint keeps a 0-d array, AdamW's step, as one of shape (1,))
+            assert again.dtype == value.dtype and torch.equal(again.reshape(value.shape), value), (index, key)

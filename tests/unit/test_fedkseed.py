@@ -257,3 +257,16 @@ def test_a_replica_loaded_with_the_sent_model_goes_on_replaying_to_the_same_bits
 
     # Assert
     assert same_bits(client, server) and client_replica.version == 3
+
+
+def test_a_bf16_replica_sends_its_model_as_float32_arrays() -> None:
+    # On a GPU, model.dtype auto loads the model in bf16, which numpy has no type for
+    module = tiny_module().to(torch.bfloat16)
+    arrays = replica_of(module).arrays()
+    for (name, param), array in zip(module.named_parameters(), arrays.values(), strict=True):
+        assert array.dtype == np.float32, name
+        assert np.array_equal(array, param.detach().float().numpy()), name
+    # and a replica of the same model takes them back bit for bit
+    other = tiny_module(seed=1).to(torch.bfloat16)
+    replica_of(other).load(arrays, version=3)
+    assert same_bits(module, other)

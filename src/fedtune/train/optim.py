@@ -84,15 +84,22 @@ def build_scheduler(
 
 
 def optimizer_state_to_tree(optimizer: Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with string keys and numpy arrays, so a checkpoint can hold it."""
+    """``optimizer.state_dict()`` with string keys and numpy arrays, so a checkpoint can hold it. A bf16
+    state (the optimizer of a bf16 model) is widened to fp32, exactly; ``load_state_dict`` casts it back to
+    its parameter's dtype."""
     state = optimizer.state_dict()
     return {
         "state": {
-            str(index): {k: v.detach().cpu().numpy() if torch.is_tensor(v) else v for k, v in entry.items()}
+            str(index): {k: _as_array(v) if torch.is_tensor(v) else v for k, v in entry.items()}
             for index, entry in state["state"].items()
         },
         "param_groups": state["param_groups"],
     }
+
+
+def _as_array(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def optimizer_state_from_tree(tree: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedtune.algorithms.fedkseed.maths import add_direction, replay
+from fedtune.fl.payload import tensor_to_array
 
 
 class ReplicaGap(RuntimeError):
@@ -55,7 +56,7 @@ class SeedReplica:
         self.version = version
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {name: p.detach().cpu().numpy().copy() for name, p in self.params.items()}
+        return {name: tensor_to_array(p).copy() for name, p in self.params.items()}  # bf16 -> fp32
 
     def num_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.params.values())
