@@ -61,3 +61,26 @@ def test_a_screen_set_explicitly_under_dp_or_secagg_is_refused(section: str) -> 
     raw = {section: DP_ON if section == "dp" else {"enabled": True}, "fed": {"screen": 5}}
     with pytest.raises(ConfigError, match=rf"{section}\.enabled: fed\.screen .*set fed\.screen: null"):
         validate_config(raw)
+
+
+@pytest.mark.parametrize(
+    ("device", "num_gpus", "refused"),
+    [
+        ("cuda:1", 1, True),
+        ("cuda:3", 0.5, True),
+        ("cuda:0", 1, False),
+        ("cuda", 1, False),
+        ("cuda:1", 0, False),
+    ],
+)
+def test_a_gpu_index_that_ray_actors_cannot_see_is_refused(
+    device: str, num_gpus: float, refused: bool
+) -> None:
+    # Ray shows an actor that reserves GPUs only its own, as cuda:0
+    raw = {"model": {"device": device}, "fed": {"backend": "ray"}, "ray": {"num_gpus": num_gpus}}
+    if refused:
+        with pytest.raises(ConfigError, match=rf"model.device '{device}' with fed.backend ray .*as cuda:0"):
+            validate_config(raw)
+    else:
+        assert validate_config(raw).model.device == device
+    assert validate_config({**raw, "fed": {"backend": "simulation"}}).model.device == device

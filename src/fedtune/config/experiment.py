@@ -23,6 +23,7 @@ from fedtune.config.rules import (
     mode_problem,
     personal_eval_problem,
     quantization_problem,
+    ray_device_problem,
     replies_problem,
     screen_left_on,
     secagg_problem,
@@ -113,6 +114,7 @@ class ExperimentConfig(Section):
             or dp_problem(algorithm, section, self.dp, self.fed)
             or secagg_problem(algorithm, section, self.secagg, self.fed, self.data.partition)
             or replies_problem(self.fed, self.data.partition)
+            or ray_device_problem(self.fed, self.ray, self.model)
         )
         if problem:
             raise ValueError(problem)

@@ -11,6 +11,7 @@ import importlib.util
 
 from fedtune.config.algorithm import AlgorithmConfig
 from fedtune.config.data import DataConfig, PartitionConfig
+from fedtune.config.deploy import RayConfig
 from fedtune.config.eval import CHOICE_METRICS, EvalConfig
 from fedtune.config.fed import FedConfig
 from fedtune.config.model import ModelConfig
@@ -165,6 +166,21 @@ def _secagg_round_problem(secagg: SecAggConfig, fed: FedConfig, partition: Parti
         return (
             f"secagg.bits {secagg.bits}: the sum of {clients} clients' values overflows the 32-bit "
             f"modulus; use secagg.bits <= {most}"
+        )
+    return None
+
+
+def ray_device_problem(fed: FedConfig, ray: RayConfig, model: ModelConfig) -> str | None:
+    """``model.device: cuda:N`` (N > 0) on Ray actors that reserve GPUs: Ray shows each such actor only the
+    GPU it assigned, as ``cuda:0``, so the actors would find no GPU N."""
+    if fed.backend != "ray" or ray.num_gpus <= 0:
+        return None
+    kind, _, index = model.device.partition(":")
+    if kind == "cuda" and index.isdigit() and int(index) > 0:
+        return (
+            f"model.device {model.device!r} with fed.backend ray and ray.num_gpus {ray.num_gpus:g}: Ray "
+            "shows each actor only the GPU it assigned it, as cuda:0; use model.device cuda or auto (Ray "
+            "spreads the actors over the GPUs), and CUDA_VISIBLE_DEVICES to choose which GPUs Ray may use"
         )
     return None
 
