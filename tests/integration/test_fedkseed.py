@@ -56,3 +56,35 @@ def test_sending_the_model_instead_of_the_history_gives_the_same_run(
     assert [{k: v for k, v in row.items() if k not in drop} for row in stable(by_model)] == [
         {k: v for k, v in row.items() if k not in drop} for row in stable(by_history)
     ]
+
+
+def test_the_final_model_is_replayed_where_its_directions_were_drawn(tmp_path: Path) -> None:
+    # A run trained in fp32 on the CPU, its final model then loaded in bf16 (as model.dtype auto does on a
+    # GPU): the history must be replayed in fp32 and the result cast, not replayed in bf16 with other z
+    import torch
+
+    from fedtune.algorithms.fedkseed.server import FedKSeed
+    from fedtune.algorithms.final import FinalModelError, FinalRun
+
+    cfg = tiny_config("fedkseed", "fed.rounds=2", *FAST)
+    quiet_runner(cfg, tmp_path / "run").run()
+    saved = np.load(tmp_path / "run" / "artifacts" / "fedkseed-history.npz")
+    assert list(saved["drawn_on"]) == ["cpu", "float32"]
+
+    def final(dtype: str) -> dict[str, torch.Tensor]:
+        run_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
+        model = FedKSeed.final_model(FinalRun(run_cfg, tmp_path / "run", None, {}))
+        return {k: v.detach().clone() for k, v in model.model.named_parameters()}
+
+    fp32, bf16 = final("fp32"), final("bf16")
+    assert all(v.dtype == torch.bfloat16 for v in bf16.values())
+    assert all(torch.equal(bf16[k], fp32[k].to(torch.bfloat16)) for k in fp32)
+
+    # A run drawn on a CUDA GPU cannot be replayed without one: a clear error, not another model
+    np.savez(
+        tmp_path / "run" / "artifacts" / "fedkseed-history.npz",
+        **{**{k: saved[k] for k in saved.files}, "drawn_on": np.array(["cuda", "bfloat16"])},
+    )
+    if not torch.cuda.is_available():
+        with pytest.raises(FinalModelError, match="drew its random directions on a CUDA GPU"):
+            final("fp32")

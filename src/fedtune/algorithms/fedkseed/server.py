@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, evaluate_model
@@ -27,6 +28,7 @@ from fedtune.eval.evaluate import EvalResult, EvalSet
 from fedtune.fl.federation import ClientTask, Federation, ServerContext
 from fedtune.fl.payload import Payload
 from fedtune.fl.validation import ReplySpec
+from fedtune.models.loading import resolve_device, resolve_dtype
 
 HISTORY_FILE = "fedkseed-history.npz"
 """The final model's artifact: the seeds, the history and the step size (the base model replays it)."""
@@ -66,6 +68,10 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
     def setup(self, server: ServerContext) -> None:
         self.seeds = candidate_seeds(self.cfg.seed, self.section.num_seeds)
         self.history = np.zeros((0, len(self.seeds)), dtype=np.float64)
+        # The directions z(seed) depend on the device's generator and the model's dtype: the final model
+        # is replayed where they were drawn (``final_model``).
+        first = next(server.resources.base_lm()[0].parameters())
+        self.drawn = (first.device.type, str(first.dtype).removeprefix("torch."))
 
     # ----- a round ---------------------------------------------------------------------------------
     def run_round(self, rnd: int, server: ServerContext, fed: Federation) -> RoundResult:
@@ -143,6 +149,7 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
             seeds=self.seeds,
             history=self.history,
             lr=np.float64(self.section.lr),
+            drawn_on=np.array(self.drawn),
         )
 
     @classmethod
@@ -155,9 +162,20 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
         if not path.is_file():
             raise FinalModelError(f"{path} is missing: did the run finish? (`fedtune resume {run.run_dir}`)")
         saved = np.load(path)
-        model, tokenizer = load_base_model(run.cfg)
+        cfg = run.cfg
+        if "drawn_on" in saved.files:  # (runs that predate it replay where they are loaded)
+            device, dtype = drawn_on(path, tuple(str(v) for v in saved["drawn_on"]))
+            cfg = cfg.model_copy(
+                update={"model": cfg.model.model_copy(update={"device": device, "dtype": dtype})}
+            )
+        model, tokenizer = load_base_model(cfg)
         replica = SeedReplica(dict(model.named_parameters()), saved["seeds"], float(saved["lr"]))
         replica.catch_up(0, saved["history"])
+        if (
+            cfg is not run.cfg
+        ):  # e.g. trained in fp32 on the CPU, served in bf16 on a GPU: cast after the replay
+            here = resolve_device(run.cfg.model.device)
+            model.to(device=here, dtype=resolve_dtype(run.cfg.model.dtype, here))
         return CausalLMModel(run.cfg, model.eval(), tokenizer)
 
     # ----- the state: the seeds and the history ---------------------------------------------------
@@ -168,3 +186,23 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.seeds = np.asarray(state["seeds"], dtype=np.int64)
         self.history = np.asarray(state["history"], dtype=np.float64).reshape(-1, len(self.seeds))
+
+
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""torch's dtype names -> ``model.dtype``'s."""
+
+
+def drawn_on(path: Path, drawn: tuple[str, ...]) -> tuple[str, str]:
+    """The ``model.device`` and ``model.dtype`` the run drew its directions on (the server's model:
+    ``setup``), where the history must be replayed to give the model the run trained: the CPU's and
+    CUDA's generators give other numbers for the same seed, and a direction drawn in bf16 is not one
+    drawn in fp32; the base model is loaded in that dtype too, not rounded through another."""
+    device, dtype = drawn
+    if device not in ("cpu", "cuda") or dtype not in DTYPE_NAMES:
+        raise FinalModelError(f"{path}: drawn_on {list(drawn)} is no device (cpu, cuda) and dtype")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise FinalModelError(
+            f"{path}: this run drew its random directions on a CUDA GPU, whose generator the CPU cannot "
+            "reproduce; load its final model on a machine with a CUDA GPU"
+        )
+    return device, DTYPE_NAMES[dtype]
