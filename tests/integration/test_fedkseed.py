@@ -88,3 +88,20 @@ def test_the_final_model_is_replayed_where_its_directions_were_drawn(tmp_path: P
     if not torch.cuda.is_available():
         with pytest.raises(FinalModelError, match="drew its random directions on a CUDA GPU"):
             final("fp32")
+
+
+def test_fedkseed_tunes_in_fp32_where_auto_would_give_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from fedtune.algorithms.fedkseed import client
+    from fedtune.resources import Resources
+
+    cfg = tiny_config("fedkseed")
+    # On the CPU auto is fp32 already: the run's own model, loaded once
+    resources = Resources(cfg)
+    assert client.tuned_lm(resources)[0] is resources.base_lm()[0]
+    # Where auto means bf16 (a GPU), FedKSeed's model is fp32; a dtype set explicitly is kept
+    monkeypatch.setattr(client, "resolve_dtype", lambda dtype, device: torch.bfloat16)
+    assert next(client.tuned_lm(Resources(cfg))[0].parameters()).dtype == torch.float32
+    explicit = tiny_config("fedkseed", "model.dtype=bf16")
+    assert next(client.tuned_lm(Resources(explicit))[0].parameters()).dtype == torch.bfloat16

@@ -7,7 +7,8 @@ What it sends: the K per-seed sums of its scalar gradient estimates (and its sta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from fedtune.algorithms.fedkseed.replica import SeedReplica
 from fedtune.data.tokenize import make_batches
 from fedtune.fl.federation import ClientContext, StepReporter
 from fedtune.fl.payload import Payload, arrays
+from fedtune.models.loading import resolve_device, resolve_dtype
 from fedtune.resources import Resources
 from fedtune.train.loop import Batch, peak_rss_mb, sft_loss, steps_for
 
@@ -26,11 +28,23 @@ MODEL = "model/"
 """Prefix of the model's arrays in a round message that sends the model instead of the history."""
 
 
+def tuned_lm(resources: Resources) -> tuple[Any, Any]:
+    """The model FedKSeed tunes, and its tokenizer: the run's ``model:``, in fp32 where ``model.dtype`` is
+    auto. (auto means bf16 on a GPU, whose 8-bit mantissa rounds away FedKSeed's steps: at lr 3e-7 a
+    step moves a weight by far less than half its bf16 spacing, and the eps-probes' round trip leaves
+    rounding drift larger than the step. On the CPU auto is fp32 already.) A dtype set explicitly is
+    kept."""
+    spec = resources.base_spec
+    if spec.dtype == "auto" and resolve_dtype("auto", resolve_device(spec.device)) != torch.float32:
+        spec = replace(spec, dtype="fp32")
+    return resources.model(spec)
+
+
 def process_replica(resources: Resources, seeds: np.ndarray, lr: float) -> SeedReplica:
     """This process's replica of the global model (the run's ``model:``, loaded once, all parameters)."""
 
     def build() -> SeedReplica:
-        model, _ = resources.base_lm()
+        model, _ = tuned_lm(resources)
         return SeedReplica(dict(model.named_parameters()), seeds, lr)
 
     replica = resources.get("fedkseed/replica", build)
@@ -103,7 +117,7 @@ def zeroth_order_steps(
 
 def round_batches(ctx: ClientContext) -> tuple[list[Batch], int]:
     """This round's batches of the client's data (seeded by run, round and client) and its step count."""
-    _, tokenizer = ctx.resources.base_lm()
+    _, tokenizer = tuned_lm(ctx.resources)
     train = ctx.cfg.train
     batches = make_batches(
         client_examples(ctx),
@@ -124,7 +138,7 @@ def fit(ctx: ClientContext, msg: Payload) -> Payload:
     seeds = np.asarray(msg["seeds"], dtype=np.int64)
     replica = process_replica(ctx.resources, seeds, section.lr)
     bring_up_to_date(replica, msg)
-    model, _ = ctx.resources.base_lm()
+    model, _ = tuned_lm(ctx.resources)
     model.eval()  # no dropout: both forward passes of a step must see the same function
     batches, steps = round_batches(ctx)
     probabilities = np.asarray(msg["probs"], dtype=np.float64) if "probs" in msg else None

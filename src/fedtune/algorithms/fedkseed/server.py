@@ -13,7 +13,7 @@ import torch
 
 from fedtune.algorithms.adapters import fit_round_result
 from fedtune.algorithms.base import Algorithm, RoundResult, evaluate_model
-from fedtune.algorithms.fedkseed.client import MODEL, fit, process_replica
+from fedtune.algorithms.fedkseed.client import MODEL, fit, process_replica, tuned_lm
 from fedtune.algorithms.fedkseed.config import FedKSeedConfig
 from fedtune.algorithms.fedkseed.maths import (
     candidate_seeds,
@@ -70,7 +70,7 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
         self.history = np.zeros((0, len(self.seeds)), dtype=np.float64)
         # The directions z(seed) depend on the device's generator and the model's dtype: the final model
         # is replayed where they were drawn (``final_model``).
-        first = next(server.resources.base_lm()[0].parameters())
+        first = next(tuned_lm(server.resources)[0].parameters())
         self.drawn = (first.device.type, str(first.dtype).removeprefix("torch."))
 
     # ----- a round ---------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
     def evaluate(self, rnd: int, server: ServerContext, fed: Federation, eval_set: EvalSet) -> EvalResult:
         replica = process_replica(server.resources, self.seeds, self.section.lr)
         replica.catch_up(0, self.history)
-        model, tokenizer = server.resources.base_lm()
+        model, tokenizer = tuned_lm(server.resources)
         return evaluate_model(self.cfg, model, tokenizer, eval_set.records, rnd)
 
     def write_artifacts(self, directory: Path) -> None:
