@@ -91,19 +91,25 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
     dropout = args.dropouts[0]
     header = ["method", *[f"lr {lr:g}" for lr in args.lrs], "best lr"]
     best = results.get("best_lr", {})
-    rows = []
-    for method in args.methods:
-        cells = [LABELS[method]]
-        for lr in args.lrs:
-            result = results.get(sweep_key(lr, method, dropout), {})
-            shown = [result.get(f"{output}/{metric}") for output in OUTPUTS]
-            cells.append(
-                " / ".join("-" if v is None else f"{float(v) * scale:.2f}" for v in shown)
-                if any(v is not None for v in shown)
-                else "-"
-            )
-        cells.append(f"{best[method]:g}" if method in best else "-")
-        rows.append(cells)
+
+    def rows_of(name: str, factor: float, with_best: bool) -> list[list[str]]:
+        rows = []
+        for method in args.methods:
+            cells = [LABELS[method]]
+            for lr in args.lrs:
+                result = results.get(sweep_key(lr, method, dropout), {})
+                shown = [result.get(f"{output}/{name}") for output in OUTPUTS]
+                cells.append(
+                    " / ".join("-" if v is None else f"{float(v) * factor:.2f}" for v in shown)
+                    if any(v is not None for v in shown)
+                    else "-"
+                )
+            if with_best:
+                cells.append(f"{best[method]:g}" if method in best else "-")
+            rows.append(cells)
+        return rows
+
+    rows = rows_of(metric, scale, with_best=True)
     unit = "" if metric == "perplexity" else " (x 100)"
     better = "lower" if metric == "perplexity" else "higher"
     chosen = " ".join(f"{method}={lr:g}" for method, lr in best.items())
@@ -120,6 +126,13 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
     ]
     if best:
         lines += ["", f"The table at these lrs: `--row-lr {chosen}`"]
+    if metric != "perplexity":
+        lines += [
+            "",
+            "Validation perplexity, AdapEmu / AdapFu:",
+            "",
+            tables.markdown_table(header[:-1], rows_of("perplexity", 1.0, with_best=False)),
+        ]
     return "\n".join(lines)
 
 
