@@ -115,3 +115,28 @@ def test_a_4bit_fedit_run_on_cuda_learns(tmp_path: Path) -> None:
     model, _ = load_causal_lm("tiny-llama-L2-H64", device="cuda", quantization=4)
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert layers and all(m.weight.device.type == "cuda" for m in layers)
+
+
+def test_fedbiots_adamw_alignment_checkpoints_a_bf16_emulator_on_cuda(tmp_path: Path) -> None:
+    """``model.dtype: auto`` is bf16 on the GPU: the server's AdamW alignment state is bf16 and must go
+    into the checkpoint after each round (numpy has no bf16)."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this CUDA device has no bf16")
+    adamw = ("fedbiot.align_optimizer=adamw", "fedbiot.align_steps=2")
+    cfg = tiny_config("fedbiot", "model.device=cuda", *adamw, "fed.rounds=2")
+    history = quiet_runner(cfg, tmp_path / "fedbiot").run()
+    assert history and _finite(history)
+
+
+def test_fedkseed_on_cuda_tunes_in_fp32_and_its_final_model_replays(tmp_path: Path) -> None:
+    from fedtune.algorithms.fedkseed.client import tuned_lm
+    from fedtune.algorithms.fedkseed.server import FedKSeed
+    from fedtune.algorithms.final import FinalRun
+    from fedtune.resources import Resources
+
+    cfg = tiny_config("fedkseed", "model.device=cuda", "fed.rounds=2")
+    model, _ = tuned_lm(Resources(cfg))
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cuda", torch.float32)}
+    quiet_runner(cfg, tmp_path / "run").run()
+    final = FedKSeed.final_model(FinalRun(cfg, tmp_path / "run", None, {}))
+    assert next(final.model.parameters()).device.type == "cuda"
