@@ -237,7 +237,7 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
         if all(control):
             ce, mkt = (mean(values) for values in control)
             lines.append(
-                f"- What the LLM's knowledge adds to {name}: SLMs + public CE {100 * ce:.1f} < FedMKT "
+                f"- What the LLM's knowledge adds to {name}: SLMs + public CE {100 * ce:.1f} vs FedMKT "
                 f"{100 * mkt:.1f}{note}; {tables.claim_text(control, scale=100.0)}"
             )
     columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])

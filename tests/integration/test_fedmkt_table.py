@@ -116,7 +116,7 @@ def test_the_control_row_says_what_the_llms_knowledge_adds_to_each_slm() -> None
     lines = fedmkt_table.ordering(table, ["s"])
     # gains x 100: 5, 4, 6 (mean 5, sd 1); t(2 df, 0.975) = 4.303, half width 4.303 / sqrt(3) = 2.48
     assert lines == [
-        "- What the LLM's knowledge adds to s: SLMs + public CE 50.3 < FedMKT 55.3; by interval: holds "
+        "- What the LLM's knowledge adds to s: SLMs + public CE 50.3 vs FedMKT 55.3; by interval: holds "
         "(gain 5.00, 95% CI [2.52, 7.48], 3 seeds)"
     ]
     table["fedmkt"]["s"] = {"0": 0.51, "1": 0.50, "2": 0.53}  # gains 1, -2, 4: inside the noise
