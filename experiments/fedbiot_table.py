@@ -179,8 +179,8 @@ def markdown(
             ]
         if not first:
             continue
-        if with_lr:
-            cells.insert(1, f"{first['lr']:g}" if "lr" in first else "-")
+        if with_lr:  # a row kept from a results file that predates the column ran at the config's lr
+            cells.insert(1, f"{first.get('lr', cfg.train.lr):g}")
         client = first.get("client", {})
         cells += [
             f"{first.get('mb_down_per_round', 0):.1f}",

@@ -263,6 +263,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedpft_table", "sweep-lr-fedpft-minilm-distill-r30"),
         ("fedpft_table", "table-fedpft-minilm-distill-r30"),
         ("fedbiot_table", "sweep-lr-fedbiot-qa-k30"),
+        ("fedbiot_table", "table-fedbiot-qa-k30"),
         ("fedbiot_table", "table-fedbiot-qa-k30-d0.5"),
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5"),
