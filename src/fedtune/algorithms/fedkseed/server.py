@@ -171,9 +171,7 @@ class FedKSeed(Algorithm[FedKSeedConfig]):
         model, tokenizer = load_base_model(cfg)
         replica = SeedReplica(dict(model.named_parameters()), saved["seeds"], float(saved["lr"]))
         replica.catch_up(0, saved["history"])
-        if (
-            cfg is not run.cfg
-        ):  # e.g. trained in fp32 on the CPU, served in bf16 on a GPU: cast after the replay
+        if cfg is not run.cfg:  # e.g. drawn in fp32 on the CPU, served in bf16 on a GPU: cast it now
             here = resolve_device(run.cfg.model.device)
             model.to(device=here, dtype=resolve_dtype(run.cfg.model.dtype, here))
         return CausalLMModel(run.cfg, model.eval(), tokenizer)
