@@ -62,10 +62,8 @@ def lr_sweep(args: Any, cfg: Any, base: Path, metric: str, command: str, summari
 
 def score(result: dict[str, Any], metric: str) -> float | None:
     """The mean of AdapEmu's and AdapFu's ``metric`` (None until both are there)."""
-    values = [result.get(f"{output}/{metric}") for output in OUTPUTS]
-    if any(v is None for v in values):
-        return None
-    return float(np.mean([float(v) for v in values if v is not None]))
+    keys = [f"{output}/{metric}" for output in OUTPUTS]
+    return float(np.mean([result[k] for k in keys])) if all(k in result for k in keys) else None
 
 
 def best_lrs(args: Any, results: dict[str, Any], metric: str) -> dict[str, float]:

@@ -37,6 +37,15 @@ LABELS = {
     "fedbiot_a2": "FedBiOT (Adapter 2)",
     "fedbiot_a4": "FedBiOT (Adapter 4)",
 }
+COLOURS = {
+    "offsite": "#2ca02c",
+    "fedot": "#ff7f0e",
+    "offsite_lm": "#8c564b",
+    "fedot_lm": "#e377c2",
+    "fedbiot_a2": "#1f77b4",
+    "fedbiot_a4": "#9467bd",
+}
+"""Each method's colour in the plots that draw one line per method."""
 BASELINES = ("offsite", "fedot", "offsite_lm", "fedot_lm")
 ON_DEMAND = ("offsite_lm", "fedot_lm")
 """Rows run only when ``--methods`` names them (the default is the committed tables' four)."""

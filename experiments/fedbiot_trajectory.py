@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from experiments import plots, tables
+from experiments.fedbiot_rows import COLOURS
 
 MODELS = (("adapemu", "AdapEmu"), ("adapfu", "AdapFu"))
 
@@ -104,14 +105,6 @@ def plot_trajectory(
     names = list(dict.fromkeys([metric, "perplexity"]))
     figure = Figure(figsize=(9.0, 3.2 * len(names) + 0.6), layout="constrained")
     grid = figure.subplots(len(names), 2, squeeze=False)
-    colours = {
-        "offsite": "#2ca02c",
-        "fedot": "#ff7f0e",
-        "offsite_lm": "#8c564b",
-        "fedot_lm": "#e377c2",
-        "fedbiot_a2": "#1f77b4",
-        "fedbiot_a4": "#9467bd",
-    }
     dropouts = sorted({key.split("-d")[1] for key in curves})
     for row, name in zip(grid, names, strict=True):
         factor = scale if name == metric else 1.0
@@ -126,7 +119,7 @@ def plot_trajectory(
                 mean = np.array([v[0] for _, v in points]) * factor
                 std = np.array([v[1] for _, v in points]) * factor
                 style = "-" if d == dropouts[0] else "--"
-                colour = colours.get(method, "#7f7f7f")
+                colour = COLOURS.get(method, "#7f7f7f")
                 label_d = f"{labels.get(method, method)} d={d}"
                 ax.plot(xs, mean, style, marker="o", color=colour, label=label_d)
                 ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.15)

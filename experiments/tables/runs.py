@@ -20,7 +20,7 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +184,9 @@ def row_lrs(parser: argparse.ArgumentParser, given: Sequence[str], rows: Iterabl
     return out
 
 
-def at_own_lr(rows: dict[str, list[str]], own: Mapping[str, float], row_of: Any) -> dict[str, str]:
+def at_own_lr(
+    rows: dict[str, list[str]], own: Mapping[str, float], row_of: Callable[[str], str]
+) -> dict[str, str]:
     """Give each table row (key -> overrides) whose row (``row_of(key)``) is in ``own`` its lr: ``train.lr``
     appended to its overrides (in place: after ``--set`` and the row's own keys, so it wins), and its
     runs' stem ``<key>-lr<lr>`` (returned, key -> stem, for `plan`), so runs at two lrs never mix."""

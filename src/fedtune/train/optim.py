@@ -11,6 +11,8 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from fedtune.fl.payload import tensor_to_array
+
 
 def build_optimizer(
     params: Iterable[torch.nn.Parameter],
@@ -90,16 +92,11 @@ def optimizer_state_to_tree(optimizer: Optimizer) -> dict[str, Any]:
     state = optimizer.state_dict()
     return {
         "state": {
-            str(index): {k: _as_array(v) if torch.is_tensor(v) else v for k, v in entry.items()}
+            str(index): {k: tensor_to_array(v) if torch.is_tensor(v) else v for k, v in entry.items()}
             for index, entry in state["state"].items()
         },
         "param_groups": state["param_groups"],
     }
-
-
-def _as_array(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
-    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def optimizer_state_from_tree(tree: Mapping[str, Any]) -> dict[str, Any]:
