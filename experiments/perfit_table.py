@@ -30,6 +30,12 @@ With ``--keep-earlier``, a seed whose run directory is gone (made on another mac
 value the table's previous ``.json`` recorded, and the table lists every seed so kept.
 Runs are subprocesses (``python -m fedtune``), ``--jobs`` at a time with one thread each; rerunning
 resumes unfinished runs and skips finished ones.
+
+Each row at its own lr: ``--lrs 3e-4 1e-3 3e-3`` searches every row of ``--rows`` at each lr on each
+client's validation split (held out from what the client trains on; its test records are not read) and
+writes ``sweep-lr-<config name>``, whose last line is the ``--row-lr fit=... perfit_s0.5=...`` that runs
+the table with each row at its best lr (its runs ``<row>-<partition>-lr<lr>-s<seed>``; the table gains an
+lr column).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import tables
 from experiments.perfit_masks import mask_plot, overlap_lines
-from experiments.tables import layout
+from experiments.tables import layout, search
 
 OWN = ["perfit.start=own", "perfit.alpha=lora"]
 ROWS: dict[str, list[str]] = {
@@ -93,6 +99,17 @@ PARTITIONS: dict[str, list[str]] = {
 }
 METRIC = "personal/perplexity"
 ROUGE = "personal/rougeL"  # in runs whose eval.metrics hold rougeL (greedy answers to held-out prompts)
+SCORE = search.Score(METRIC, "personalised perplexity", lower_is_better=True)
+
+
+def row_of(key: str) -> str:
+    """A table key ``<row>-<partition>``'s row."""
+    return key.rsplit("-", 1)[0]
+
+
+def label_of(key: str) -> str:
+    row, part = key.rsplit("-", 1)
+    return f"{LABELS[row]}, {part}"
 
 
 def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -114,6 +131,9 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
+    lrs = {lr for lr in map(tables.run_lr, run_dirs) if lr is not None}
+    if lrs:
+        out["lr"] = lrs.pop() if len(lrs) == 1 else None
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
         # the row's first seed is carried: so are the facts read off its run (the previous table
         # took them from its own first seed)
@@ -218,6 +238,9 @@ COLUMNS: list[layout.Column[layout.Entry]] = [
     layout.value("MB down/round", "mb_down_per_round"),
     layout.SEEDS,
 ]
+LR = layout.Column[layout.Entry](
+    "lr", lambda entry: "-" if entry[1].get("lr") is None else f"{entry[1]['lr']:g}"
+)
 
 
 def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str], command: str) -> str:
@@ -231,13 +254,19 @@ def markdown(cfg: Any, results: dict[str, dict[str, Any]], partitions: list[str]
             "",
             f"`{command}`",
             "",
-            layout.table(COLUMNS, rows),
+            layout.table(columns(rows), rows),
             "",
             "Ordering (the paper: PerFIT < FIT at equal trainable parameters):",
             *ordering(results, partitions),
             *_carried_note(results),
         ]
     )
+
+
+def columns(rows: list[layout.Entry]) -> list[layout.Column[layout.Entry]]:
+    """The table's columns, with the lr each row trained at where its results record it (tables made
+    before the lr search did not)."""
+    return [*COLUMNS[:2], LR, *COLUMNS[2:]] if any("lr" in result for _, result in rows) else COLUMNS
 
 
 def _carried_note(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -257,15 +286,27 @@ def main(argv: list[str] | None = None) -> None:
         "--rows", nargs="+", default=["fit", "perfit_s0.33", "perfit_s0.5"], choices=list(ROWS)
     )
     parser.add_argument("--partitions", nargs="+", default=["pathological"], choices=list(PARTITIONS))
+    tables.row_lr_option(parser, "fit=0.003")
+    search.lrs_option(parser)
     args = tables.parse_args(parser, argv)
     if args.render:
-        tables.render(args.render, parser, {"table-": render_table}, args.results_dir)
+        renderers = {"table-": render_table, search.PREFIX: render_search}
+        tables.render(args.render, parser, renderers, args.results_dir)
         return
+    own = tables.row_lrs(parser, args.row_lr, ROWS)
+    if args.lrs and own:
+        parser.error("--lrs searches the lr of every row: give it without --row-lr")
     cfg = tables.load_config(args)
     base = args.runs_dir / cfg.name
     command = tables.command_line(__file__, argv)
     rows = {f"{row}-{part}": [*ROWS[row], *PARTITIONS[part]] for part in args.partitions for row in args.rows}
-    runs = tables.plan(base, rows, args.seeds, args.set)
+    if args.lrs:
+        search.lr_search(
+            args, cfg, base, rows, SCORE, command, summarise=summarise, label=label_of, row_of=row_of
+        )
+        return
+    stems = tables.at_own_lr(rows, own, row_of)
+    runs = tables.plan(base, rows, args.seeds, args.set, stems=stems)
     tables.start(args, runs.runs)
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else {}
@@ -294,6 +335,12 @@ def table_text(cfg: Any, results: dict[str, Any], partitions: list[str], command
 
 def render_table(recorded: tables.Recorded) -> str:
     return table_text(recorded.cfg, recorded.results, recorded.args.partitions, recorded.command)
+
+
+def render_search(recorded: tables.Recorded) -> str:
+    args = recorded.args
+    keys = [f"{row}-{part}" for part in args.partitions for row in args.rows]
+    return search.render_search(recorded, keys, SCORE, label=label_of, row_of=row_of)
 
 
 if __name__ == "__main__":

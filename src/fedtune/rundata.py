@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fedtune.config import ExperimentConfig
 from fedtune.data.fingerprint import absolute_data_path
-from fedtune.data.partition import holdout_split, partition_records
+from fedtune.data.partition import partition_records, personal_split
 from fedtune.data.records import DataError, Record
 
 log = logging.getLogger("fedtune.data")
@@ -109,7 +109,9 @@ def prepare_data(cfg: ExperimentConfig) -> RunData:
     client_eval: dict[str, list[Record]] = {}
     if cfg.eval.personal:
         for cid in list(clients):
-            clients[cid], client_eval[cid] = holdout_split(clients[cid], data.holdout, cfg.seed, cid)
+            clients[cid], client_eval[cid] = personal_split(
+                clients[cid], data.holdout, cfg.seed, cid, data.eval_split
+            )
         empty = sorted(cid for cid, held in client_eval.items() if not held)
         if empty and data.holdout > 0:  # with holdout 0 a method scores clients elsewhere (fedmkt.slm_eval)
             raise DataError(

@@ -39,9 +39,10 @@ def test_table_runs_rows_tabulates_and_plots_masks(tmp_path: Path) -> None:
     perfit_table.main([*argv, "--table-only"])
 
 
-def _fake_run(path: Path, ppl: float, rounds: int = 2) -> Path:
+def _fake_run(path: Path, ppl: float, rounds: int = 2, lr: float | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"fed:\n  rounds: {rounds}\n")
+    train = "" if lr is None else f"train:\n  lr: {lr}\n"
+    (path / "config.yaml").write_text(f"fed:\n  rounds: {rounds}\n{train}")
     rows = [
         {"round": 0, "eval": {perfit_table.METRIC: 20.0}},
         {"round": rounds, "bytes_up": 3e6, "bytes_down": 1e6, "eval": {perfit_table.METRIC: ppl}},
@@ -156,3 +157,51 @@ def test_rows_are_broken_down_by_how_often_a_client_was_sampled() -> None:
         {"fit-pathological": fit, "perfit_s0.5-pathological": kept}, ["pathological"]
     )
     assert "kept from an earlier results file" in lines[1]
+
+
+def test_lr_search_runs_on_validation_and_names_each_rows_best(tmp_path: Path) -> None:
+    """``--lrs``: each row at each lr on the clients' validation split (a real tiny run), each row's best
+    lr (lower personalised perplexity; a tie to the smaller lr), the ``--row-lr`` line, and ``--render``
+    rewriting the .md from its .json alone."""
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+    runs, results_dir = tmp_path / "runs" / "perfit-tiny", tmp_path / "results"
+    for lr, fit, perfit in ((0.001, 9.0, 7.0), (0.003, 8.0, 7.0)):
+        _fake_run(runs / f"lr{lr:g}-fit-pathological-s0", fit, lr=lr)
+        _fake_run(runs / f"lr{lr:g}-perfit_s0.5-pathological-s0", perfit, lr=lr)
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--rows", "fit", "perfit_s0.5", "standalone", "--lrs", "0.001", "0.003"]
+    perfit_table.main([*argv, "--set", "fed.rounds=1"])
+    saved = yaml.safe_load((runs / "lr0.001-standalone-pathological-s0" / "config.yaml").read_text())
+    assert saved["data"]["eval_split"] == "validation" and saved["train"]["lr"] == 0.001
+    recorded = json.loads((results_dir / "sweep-lr-perfit-tiny.json").read_text())
+    best = recorded["results"]["best_lr"]
+    assert best["fit-pathological"] == 0.003 and best["perfit_s0.5-pathological"] == 0.001
+    text = (results_dir / "sweep-lr-perfit-tiny.md").read_text()
+    assert "| FIT (FedIT, rank r), pathological | 9.00 | 8.00 | 0.003 |" in text
+    assert "validation personalised perplexity" in text
+    real = [
+        recorded["results"][f"lr{lr:g}-standalone-pathological"][perfit_table.METRIC] for lr in (0.001, 0.003)
+    ]
+    assert best["standalone-pathological"] == (0.001 if real[0] <= real[1] else 0.003)
+    line = f"`--row-lr fit=0.003 perfit_s0.5=0.001 standalone={best['standalone-pathological']:g}`"
+    assert text.rstrip().endswith(line)
+    assert (results_dir / "sweep-lr-perfit-tiny.png").read_bytes().startswith(b"\x89PNG")
+    perfit_table.main(
+        ["--render", str(results_dir / "sweep-lr-perfit-tiny.json"), "--results-dir", str(tmp_path)]
+    )
+    assert (tmp_path / "sweep-lr-perfit-tiny.md").read_text() == text
+
+
+def test_row_lr_runs_a_row_at_its_own_lr_and_shows_it(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+    runs = tmp_path / "runs" / "perfit-tiny"
+    _fake_run(runs / "fit-pathological-lr0.003-s0", 8.0, lr=0.003)
+    _fake_run(runs / "perfit_s0.5-pathological-s0", 7.0, lr=0.001)
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path)]
+    perfit_table.main([*argv, "--rows", "fit", "perfit_s0.5", "--row-lr", "fit=0.003", "--table-only"])
+    table = (tmp_path / "table-perfit-tiny.md").read_text()
+    assert "| method | partition | lr | ppl before |" in table
+    assert "| FIT (FedIT, rank r) | pathological | 0.003 |" in table
+    assert "| PerFIT s = 0.5 | pathological | 0.001 |" in table
+    with pytest.raises(SystemExit):
+        perfit_table.main([*argv, "--lrs", "0.001", "--row-lr", "fit=0.003", "--table-only"])

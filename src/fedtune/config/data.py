@@ -45,7 +45,9 @@ class DataConfig(Section):
     eval_dataset: str | None = None
     """Evaluate on this dataset instead of the training dataset's `eval_split` (e.g. `humaneval`)."""
     eval_split: str = "test"
-    """The split the run evaluates on."""
+    """The split the run evaluates on. With eval.personal, also the clients' split: `test` (each client's
+    held-out records, data.holdout) or `validation` (the held-out records set aside unread, and
+    data.holdout of the rest held out again: a search on validation never reads a test record)."""
     length_bucketing: bool = True
     """Batch examples of similar length together (less padding)."""
     holdout: float = Field(0.2, ge=0, lt=1)

@@ -108,7 +108,7 @@ class ExperimentConfig(Section):
     def _check_consistency(self) -> ExperimentConfig:
         algorithm, section = self.algorithm, self.section()
         problem = (
-            personal_eval_problem(algorithm, section, self.eval, self.fed)
+            personal_eval_problem(algorithm, section, self.eval, self.fed, self.data)
             or mode_problem(algorithm, section, self.fed)
             or quantization_problem(algorithm, section, self.model)
             or dp_problem(algorithm, section, self.dp, self.fed)

@@ -17,12 +17,19 @@ from fedtune.config.fed import FedConfig
 from fedtune.config.model import ModelConfig
 from fedtune.config.privacy import DPConfig, SecAggConfig
 from fedtune.data.builtin import list_builtin
+from fedtune.data.partition import PERSONAL_SPLITS
 
 
 def personal_eval_problem(
-    algorithm: str, section: AlgorithmConfig, evaluation: EvalConfig, fed: FedConfig
+    algorithm: str, section: AlgorithmConfig, evaluation: EvalConfig, fed: FedConfig, data: DataConfig
 ) -> str | None:
-    """``eval.personal`` where the method has no client-side evaluation, or off where it needs it."""
+    """``eval.personal`` where the method has no client-side evaluation, or off where it needs it, or with
+    a ``data.eval_split`` the clients cannot carve from their records."""
+    if evaluation.personal and data.eval_split not in PERSONAL_SPLITS:
+        return (
+            f"data.eval_split {data.eval_split!r}: with eval.personal each client evaluates on a split of "
+            "its own records, 'test' (its held-out records) or 'validation' (held out from what it trains on)"
+        )
     if section.requires_personal_eval and not evaluation.personal:
         return f"algorithm {algorithm!r} evaluates each client's own model: set eval.personal: true"
     if evaluation.personal and not section.personal_eval:

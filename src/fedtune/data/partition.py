@@ -163,19 +163,45 @@ def category_counts(parts: dict[str, list[Record]]) -> dict[str, dict[str, int]]
 
 
 def holdout_split(
-    records: Sequence[Record], fraction: float, seed: int, client: str
+    records: Sequence[Record], fraction: float, seed: int, client: str, *, salt: int = 0x40
 ) -> tuple[list[Record], list[Record]]:
     """A client's partition split into (training, held-out) records, seeded by (seed, client).
 
     ``round(fraction * n)`` records are held out, at least one when ``fraction > 0`` and at most
     ``n - 1`` (a client always keeps something to train on); both parts keep the partition's order.
+    Another ``salt`` draws another split of the same records.
     """
     if not 0 <= fraction < 1:
         raise ValueError(f"data.holdout must be in [0, 1), got {fraction}")
     count = len(records)
     held = 0 if fraction == 0 or count < 2 else min(count - 1, max(1, round(fraction * count)))
-    rng = np.random.default_rng([seed, zlib.crc32(client.encode()), 0x40])
+    rng = np.random.default_rng([seed, zlib.crc32(client.encode()), salt])
     chosen = set(rng.choice(count, size=held, replace=False).tolist()) if held else set()
     train = [r for i, r in enumerate(records) if i not in chosen]
     evaluation = [r for i, r in enumerate(records) if i in chosen]
     return train, evaluation
+
+
+PERSONAL_SPLITS = ("test", "validation")
+"""What ``data.eval_split`` may name with ``eval.personal``: the client's held-out records, or a
+validation split carved from the records it trains on."""
+
+
+def personal_split(
+    records: Sequence[Record], fraction: float, seed: int, client: str, split: str = "test"
+) -> tuple[list[Record], list[Record]]:
+    """A client's partition as (training, evaluation) records for ``eval.personal``.
+
+    ``split="test"``: `holdout_split` (the held-out records). ``split="validation"``: the same held-out
+    records are set aside unread, and ``fraction`` of what remains is held out again (seeded apart) as the
+    client's validation split; the client trains on the rest. A search on validation (a learning rate)
+    thus never reads a test record, at the cost of training on ``(1 - fraction)`` of its usual records.
+    """
+    if split not in PERSONAL_SPLITS:
+        raise ValueError(
+            f"data.eval_split with eval.personal must be one of {PERSONAL_SPLITS}, got {split!r}"
+        )
+    train, held = holdout_split(records, fraction, seed, client)
+    if split == "test":
+        return train, held
+    return holdout_split(train, fraction, seed, client, salt=0x41)

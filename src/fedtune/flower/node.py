@@ -98,7 +98,7 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
     eval_data = run_data.client_eval.get(client_id, [])
     if "data-path" in node_config:
         from fedtune.data.loaders import load_dataset_records
-        from fedtune.data.partition import holdout_split
+        from fedtune.data.partition import personal_split
 
         data = load_dataset_records(
             str(node_config["data-path"]),
@@ -108,7 +108,7 @@ def build_runtime(config_yaml: str, node_config: dict[str, Any]) -> NodeRuntime:
             columns=cfg.data.columns,
         )
         if cfg.eval.personal:
-            data, eval_data = holdout_split(data, cfg.data.holdout, cfg.seed, client_id)
+            data, eval_data = personal_split(data, cfg.data.holdout, cfg.seed, client_id, cfg.data.eval_split)
     default_root = Path.home() / ".cache" / "fedtune" / "flower" / cfg.name
     root = Path(str(node_config.get("workdir", default_root))).expanduser()
     tasks = dict(client_tasks(cfg))

@@ -1,0 +1,231 @@
+"""A table's learning-rate search on validation (``--lrs``), for a table whose rows train with ``train.lr``:
+each row at each lr with ``data.eval_split=validation`` (the test split is not read: with
+``eval.personal``, each client's validation split is held out from what it trains on), scored on one
+value of the row's results, and each row's own best lr. Written to ``sweep-lr-<config name>`` (.md,
+.json, and a plot of the score against the lr); the .md ends with the ``--row-lr`` that runs the table at
+those lrs. FedBiOT and FedPFT keep their own searches (two outputs a run; one lr for every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import markdown_table, sibling
+
+from experiments.tables.aggregate import cell, seeds_text
+from experiments.tables.keep import write_table
+from experiments.tables.notes import rejected_note
+from experiments.tables.runs import plan, start
+
+VALIDATION = "data.eval_split=validation"
+PREFIX = "sweep-lr-"
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a search ranks the lrs of a row by: ``key`` of the row's results (its mean over seeds, with
+    ``key_by_seed`` beside it), shown as ``label`` times ``scale``."""
+
+    key: str
+    label: str
+    lower_is_better: bool
+    scale: float = 1.0
+
+
+def lrs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lrs",
+        nargs="+",
+        type=float,
+        metavar="LR",
+        help="search the lr instead of running the table: every row at each LR on the validation split "
+        "(the test split is not read); writes sweep-lr-<config name> and the --row-lr of each row's best",
+    )
+
+
+def search_key(lr: float, row: str) -> str:
+    return f"lr{lr:g}-{row}"
+
+
+def search_rows(rows: Mapping[str, Sequence[str]], lrs: Sequence[float]) -> dict[str, list[str]]:
+    """Each row (key -> overrides) at each lr, on validation: ``lr<lr>-<key>`` -> overrides, lr-major."""
+    return {
+        search_key(lr, key): [*overrides, f"train.lr={lr}", VALIDATION]
+        for lr in lrs
+        for key, overrides in rows.items()
+    }
+
+
+def best_lrs(
+    results: Mapping[str, Any], rows: Sequence[str], lrs: Sequence[float], score: Score
+) -> dict[str, float]:
+    """Row key -> its best lr among those whose runs finished (a tie goes to the smaller lr)."""
+    sign = -1.0 if score.lower_is_better else 1.0
+    best = {}
+    for row in rows:
+        done = [
+            (sign * results[search_key(lr, row)][score.key], -lr)
+            for lr in lrs
+            if score.key in results.get(search_key(lr, row), {})
+        ]
+        if done:
+            best[row] = -max(done)[1]
+    return best
+
+
+def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
+    """The ``--row-lr`` of ``best`` (row key -> lr), by row; a row whose keys (one per setting) disagree
+    is left out, named in a note instead."""
+    by_row: dict[str, set[float]] = {}
+    for key, lr in best.items():
+        by_row.setdefault(row_of(key), set()).add(lr)
+    agreed = {row: next(iter(lrs)) for row, lrs in by_row.items() if len(lrs) == 1}
+    split = sorted(row for row, lrs in by_row.items() if len(lrs) > 1)
+    line = (
+        f"The table at these lrs: `--row-lr {' '.join(f'{row}={lr:g}' for row, lr in agreed.items())}`"
+        if agreed
+        else ""
+    )
+    if split:
+        line += f"{chr(10) * 2 if line else ''}Best lr differs between settings for: {', '.join(split)}"
+    return line
+
+
+def search_text(
+    cfg: Any,
+    rows: Sequence[str],
+    lrs: Sequence[float],
+    results: Mapping[str, Any],
+    score: Score,
+    command: str,
+    *,
+    label: Callable[[str], str],
+    row_of: Callable[[str], str],
+    seeds: int,
+) -> str:
+    """The search's markdown: the score by lr per row (mean ± sample std over seeds), each row's best lr,
+    and the ``--row-lr`` line."""
+    best = results.get("best_lr", {})
+    table = [
+        [
+            label(row),
+            *(
+                cell(results.get(search_key(lr, row), {}).get(f"{score.key}_by_seed"), 2, score.scale)
+                for lr in lrs
+            ),
+            f"{best[row]:g}" if row in best else "-",
+        ]
+        for row in rows
+    ]
+    better = "lower" if score.lower_is_better else "higher"
+    lines = [
+        f"# {cfg.name}: learning-rate search per row, validation {score.label}",
+        "",
+        f"`{command}`; {cfg.fed.rounds} round{'' if cfg.fed.rounds == 1 else 's'}, {seeds_text(seeds)} "
+        "(mean ± sample std over seeds). "
+        "Every run evaluates on the validation split (`data.eval_split=validation`); the test split is "
+        "not read.",
+        "",
+        markdown_table(["row", *(f"lr {lr:g}" for lr in lrs), "best lr"], table),
+        "",
+        f"A row's best lr has the {better} mean {score.label} (a tie: the smaller lr).",
+    ]
+    line = row_lr_line(best, row_of)
+    return "\n".join([*lines, *(["", line] if line else [])])
+
+
+def plot_search(
+    cfg: Any,
+    rows: Sequence[str],
+    lrs: Sequence[float],
+    results: Mapping[str, Any],
+    score: Score,
+    path: Path,
+    *,
+    label: Callable[[str], str],
+) -> Path:
+    """The score against the lr (log axis), a line per row, its seeds as dots."""
+    from experiments import plots
+
+    figure, axes, first = plots.panel_grid(1, 5.0, 3.4)
+    ax = axes[0]
+    for row in rows:
+        found = [(lr, results.get(search_key(lr, row), {})) for lr in lrs]
+        found = [(lr, r) for lr, r in found if score.key in r]
+        if not found:
+            continue
+        line = ax.plot(
+            [lr for lr, _ in found],
+            [r[score.key] * score.scale for _, r in found],
+            marker="o",
+            label=label(row),
+        )
+        for lr, r in found:
+            values = [v * score.scale for v in r.get(f"{score.key}_by_seed", {}).values()]
+            ax.scatter([lr] * len(values), values, s=10, alpha=0.45, color=line[0].get_color())
+    title = f"{cfg.name}: {cfg.model.name}, lr search (validation)"
+    return plots.finish_grid(
+        figure,
+        axes,
+        first,
+        xlabel="lr",
+        ylabel=f"validation {score.label}",
+        title=title,
+        path=path,
+        log_x=True,
+    )
+
+
+def lr_search(
+    args: argparse.Namespace,
+    cfg: Any,
+    base: Path,
+    rows: Mapping[str, Sequence[str]],
+    score: Score,
+    command: str,
+    *,
+    summarise: Callable[[list[Path]], dict[str, Any]],
+    label: Callable[[str], str],
+    row_of: Callable[[str], str],
+) -> dict[str, Any]:
+    """Run (unless ``--table-only``) and write the search of ``rows`` (key -> overrides) at ``args.lrs``;
+    ``summarise``: the table's, a row's run directories -> its values over seeds. Returns the results."""
+    runs = plan(base, search_rows(rows, args.lrs), args.seeds, args.set)
+    start(args, runs.runs)
+    results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
+    results["best_lr"] = best_lrs(results, list(rows), args.lrs, score)
+    text = search_text(
+        cfg, list(rows), args.lrs, results, score, command, label=label, row_of=row_of, seeds=len(args.seeds)
+    )
+    text += rejected_note(path for paths in runs.dirs.values() for path in paths)
+    stem = args.results_dir / f"{PREFIX}{cfg.name}"
+    write_table(stem, text, cfg.name, command, results, args)
+    plot_search(cfg, list(rows), args.lrs, results, score, sibling(stem, ".png"), label=label)
+    return results
+
+
+def render_search(
+    recorded: Any,
+    rows: Sequence[str],
+    score: Score,
+    *,
+    label: Callable[[str], str],
+    row_of: Callable[[str], str],
+) -> str:
+    """``--render`` of a search's results file (``rows``: the keys its command searched)."""
+    args = recorded.args
+    return search_text(
+        recorded.cfg,
+        rows,
+        args.lrs,
+        recorded.results,
+        score,
+        recorded.command,
+        label=label,
+        row_of=row_of,
+        seeds=len(args.seeds),
+    )
