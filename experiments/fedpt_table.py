@@ -19,6 +19,12 @@ value the table's previous results file recorded for it, and the table names eac
 Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``), so a crash or
 an out-of-memory kill loses only that method; rerunning resumes unfinished runs and skips finished ones.
 
+Each method at its own lr: ``--lrs 3e-4 1e-3 3e-3`` runs every ``--methods`` row at each lr on the
+validation split (the test split is not read; `experiments.tables.search`), ranked by Rouge-L (perplexity
+where the runs score no Rouge-L), and writes ``sweep-lr-<config name>``, whose last line is the
+``--row-lr METHOD=LR ...`` that runs the table so (run directories ``<method>-lr<lr>[-s<seed>]``; the
+table names each such row's lr).
+
 Client memory is measured in a fresh process per client model (`experiments.fedpt_memory`); the
 small-model study (``--small-models``) is `experiments.fedpt_small`. Bytes are the totals over the run
 from ``metrics.jsonl`` (up + down, all clients, all rounds).
@@ -37,8 +43,8 @@ from bench.common import now
 
 from experiments import fedpt_small, tables
 from experiments.fedpt_memory import measure_client
-from experiments.fedpt_rows import LABELS, METHODS, run_overrides, test_sets
-from experiments.tables import layout
+from experiments.fedpt_rows import LABELS, METHODS, method_overrides, run_overrides, test_sets
+from experiments.tables import layout, search
 
 
 def total_mb(rows: list[dict[str, Any]]) -> float:
@@ -204,6 +210,13 @@ def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None 
     ]
     note = ordering_note(results, sets)
     lines += ["", note] if note else []
+    own = [f"{LABELS[m]} {results[m]['lr']:g}" for m in ORDER if "lr" in results.get(m, {})]
+    if own:
+        lines += [
+            "",
+            f"Rows at their own lr (`--row-lr`; the others at the config's {cfg.train.lr:g}): "
+            f"{', '.join(own)}.",
+        ]
     kept = [
         f"{LABELS[m]} seed {', '.join(r['kept_seeds'])}" for m, r in results.items() if r.get("kept_seeds")
     ]
@@ -299,6 +312,19 @@ def render_table(recorded: tables.Recorded) -> str:
     return markdown(recorded.cfg, recorded.results, recorded.command, tables.stamp_of(recorded))
 
 
+def search_score(cfg: Any) -> search.Score:
+    """What the lr search ranks by: Rouge-L on the primary test set where the runs score it (x 100), else
+    perplexity."""
+    if "rougeL" in cfg.eval.metrics:
+        return search.Score("rougeL", "Rouge-L (x 100)", lower_is_better=False, scale=100.0)
+    return search.Score("perplexity", "perplexity", lower_is_better=True)
+
+
+def render_search(recorded: tables.Recorded) -> str:
+    score = search_score(recorded.cfg)
+    return search.render_search(recorded, recorded.args.methods, score, label=LABELS.__getitem__, row_of=str)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = tables.table_parser(__doc__, keep_earlier=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -309,21 +335,51 @@ def main(argv: list[str] | None = None) -> None:
         metavar="MODEL",
         help="the small-model study: FedAvg (small) and FedPT with each client model (study-small-<name>)",
     )
+    tables.row_lr_option(parser, "fedavg_small=0.003")
+    search.lrs_option(parser)
     args = tables.parse_args(parser, argv)
     if args.render:
-        renderers = {"table-": render_table, "study-small-": fedpt_small.render_study}
+        renderers = {
+            "table-": render_table,
+            "study-small-": fedpt_small.render_study,
+            search.PREFIX: render_search,
+        }
         tables.render(args.render, parser, renderers, args.results_dir)
         return
+    own = tables.row_lrs(parser, args.row_lr, METHODS)
+    if args.lrs and own:
+        parser.error("--lrs searches the lr of every method: give it without --row-lr")
     cfg = tables.load_config(args)
+    if args.lrs:
+        rows = {m: method_overrides(m, cfg) for m in args.methods}
+        score = search_score(cfg)
+        summarise = search.final_values(score.key)
+        command = tables.command_line(__file__, argv)
+        search.lr_search(
+            args,
+            cfg,
+            args.runs_dir / cfg.name,
+            rows,
+            score,
+            command,
+            summarise=summarise,
+            label=LABELS.__getitem__,
+            row_of=str,
+        )
+        return
     if args.small_models:
         if args.seeds != [cfg.seed]:
             parser.error(f"--small-models runs the config's seed ({cfg.seed}) only; drop --seeds")
         fedpt_small.small_model_study(args, cfg, tables.command_line(__file__, argv))
         return
     root = args.runs_dir / cfg.name
-    runs = {m: {seed: seed_run_dir(root, m, seed, cfg) for seed in args.seeds} for m in args.methods}
+    stem = {m: f"{m}-lr{own[m]:g}" if m in own else m for m in args.methods}
+    runs = {m: {seed: seed_run_dir(root, stem[m], seed, cfg) for seed in args.seeds} for m in args.methods}
     overrides = {
-        run_dir: run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)])
+        run_dir: [
+            *run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)]),
+            *([f"train.lr={own[m]}"] if m in own else []),  # last: it wins over --set
+        ]
         for m, seed_runs in runs.items()
         for seed, run_dir in seed_runs.items()
     }
@@ -334,6 +390,11 @@ def main(argv: list[str] | None = None) -> None:
             memory[model] = measure_client(model, args.config, args.set)
     stem = args.results_dir / f"table-{cfg.name}"
     results = tabulate(cfg, runs, memory, tables.earlier_results(stem) if args.keep_earlier else None)
+    if own:  # the lr each row trained at, as its runs' configs say
+        for m, seed_runs in runs.items():
+            lrs = {lr for lr in map(tables.run_lr, seed_runs.values()) if lr is not None}
+            if m in results and len(lrs) == 1:
+                results[m]["lr"] = lrs.pop()
     command = tables.command_line(__file__, argv)
     text = markdown(cfg, results, command)
     text += tables.closing_notes({m: seed_runs.values() for m, seed_runs in runs.items()}, stem, args)

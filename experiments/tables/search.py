@@ -16,10 +16,10 @@ from typing import Any
 
 from bench.common import markdown_table, sibling
 
-from experiments.tables.aggregate import cell, seeds_text
+from experiments.tables.aggregate import cell, over_seeds, seeds_text
 from experiments.tables.keep import write_table
 from experiments.tables.notes import rejected_note
-from experiments.tables.runs import plan, start
+from experiments.tables.runs import finals, plan, start
 
 VALIDATION = "data.eval_split=validation"
 PREFIX = "sweep-lr-"
@@ -34,6 +34,16 @@ class Score:
     label: str
     lower_is_better: bool
     scale: float = 1.0
+
+
+def final_values(key: str) -> Callable[[list[Path]], dict[str, Any]]:
+    """A summariser for `lr_search`: the value of ``key`` each finished run last evaluated, over seeds
+    (`over_seeds`)."""
+
+    def summarise(paths: list[Path]) -> dict[str, Any]:
+        return over_seeds(key, {seed: row["eval"][key] for seed, row in finals(paths, key).items()})
+
+    return summarise
 
 
 def lrs_option(parser: argparse.ArgumentParser) -> None:

@@ -145,3 +145,33 @@ def test_a_table_of_one_method_has_no_empty_ordering_note() -> None:
     assert fedpt_table.ordering_note(one, sets) == ""
     two = {**one, "fedavg_pt": {"eval": {"rougeL": 0.1, "rougeL_std": 0.01}}}
     assert "FedAvg+PT <= FedPT: holds" in fedpt_table.ordering_note(two, sets)
+
+
+def test_lr_search_on_validation_then_a_row_at_its_own_lr(tmp_path: Path) -> None:
+    config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    argv += ["--methods", "fedavg_small", "--set", "fed.rounds=1", "--no-memory"]
+    fedpt_table.main([*argv, "--lrs", "0.001", "0.01"])
+    runs = tmp_path / "runs" / "fedpt-tiny"
+    saved = yaml.safe_load((runs / "lr0.01-fedavg_small-s0" / "config.yaml").read_text())
+    assert saved["data"]["eval_split"] == "validation" and saved["train"]["lr"] == 0.01
+    assert saved["algorithm"] == "fedit"
+    recorded = json.loads((tmp_path / "results" / "sweep-lr-fedpt-tiny.json").read_text())["results"]
+    scores = {lr: recorded[f"lr{lr:g}-fedavg_small"]["rougeL"] for lr in (0.001, 0.01)}
+    best = max(scores, key=lambda lr: (scores[lr], -lr))
+    assert recorded["best_lr"] == {"fedavg_small": best}
+    text = (tmp_path / "results" / "sweep-lr-fedpt-tiny.md").read_text()
+    assert (
+        text.rstrip().endswith(f"`--row-lr fedavg_small={best:g}`") and "validation Rouge-L (x 100)" in text
+    )
+    fedpt_table.main(
+        ["--render", str(tmp_path / "results" / "sweep-lr-fedpt-tiny.json"), "--results-dir", str(tmp_path)]
+    )
+    assert (tmp_path / "sweep-lr-fedpt-tiny.md").read_text() == text
+
+    fedpt_table.main([*argv, "--row-lr", "fedavg_small=0.01"])
+    saved = yaml.safe_load((runs / "fedavg_small-lr0.01" / "config.yaml").read_text())
+    assert saved["train"]["lr"] == 0.01 and saved["data"]["eval_split"] == "test"
+    table = (tmp_path / "results" / "table-fedpt-tiny.md").read_text()
+    assert "Rows at their own lr (`--row-lr`; the others at the config's " in table
+    assert ": FedAvg (small) 0.01." in table
