@@ -83,6 +83,14 @@ def _eval_row(result: EvalResult) -> dict[str, Any]:
     return row
 
 
+def gpu_peak_mb() -> float | None:
+    """The process's peak GPU memory so far (MiB), summed over every GPU it sees: the run's model may sit
+    on any of them (``model.device: cuda:1``), not on the current device alone; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return sum(torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())) / 2**20
+
+
 def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str, Any]:
     """The metrics row of a round; the runner adds timings and evaluation."""
     traffic = fed.traffic
@@ -102,8 +110,9 @@ def _round_row(rnd: int, result: RoundResult, fed: ServerFederation) -> dict[str
     }
     if traffic.actor_peak_rss_mb:
         row["actor_peak_rss_mb"] = {k: round(v, 1) for k, v in sorted(traffic.actor_peak_rss_mb.items())}
-    if torch.cuda.is_available():
-        row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    gpu = gpu_peak_mb()
+    if gpu is not None:
+        row["gpu_peak_mb"] = round(gpu, 1)
     row.update({k: round(v, 2) for k, v in result.extra.items()})
     return row
 
