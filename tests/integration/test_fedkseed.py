@@ -90,6 +90,20 @@ def test_the_final_model_is_replayed_where_its_directions_were_drawn(tmp_path: P
             final("fp32")
 
 
+@pytest.mark.parametrize("drawn", [("tpu", "float32"), ("cpu", "float8"), ("cpu",), ("cpu", "float32", "x")])
+def test_a_history_whose_drawn_on_names_no_device_and_dtype_is_refused_by_name(
+    drawn: tuple[str, ...],
+) -> None:
+    from fedtune.algorithms.fedkseed.server import drawn_on
+    from fedtune.algorithms.final import FinalModelError
+
+    with pytest.raises(
+        FinalModelError, match=r"history\.npz: drawn_on .* is no device \(cpu, cuda\) and dtype"
+    ):
+        drawn_on(Path("run/artifacts/history.npz"), drawn)
+    assert drawn_on(Path("x"), ("cpu", "float32")) == ("cpu", "fp32")
+
+
 def test_fedkseed_tunes_in_fp32_where_auto_would_give_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

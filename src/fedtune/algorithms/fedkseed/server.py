@@ -195,9 +195,9 @@ def drawn_on(path: Path, drawn: tuple[str, ...]) -> tuple[str, str]:
     ``setup``), where the history must be replayed to give the model the run trained: the CPU's and
     CUDA's generators give other numbers for the same seed, and a direction drawn in bf16 is not one
     drawn in fp32; the base model is loaded in that dtype too, not rounded through another."""
-    device, dtype = drawn
-    if device not in ("cpu", "cuda") or dtype not in DTYPE_NAMES:
+    if len(drawn) != 2 or drawn[0] not in ("cpu", "cuda") or drawn[1] not in DTYPE_NAMES:
         raise FinalModelError(f"{path}: drawn_on {list(drawn)} is no device (cpu, cuda) and dtype")
+    device, dtype = drawn
     if device == "cuda" and not torch.cuda.is_available():
         raise FinalModelError(
             f"{path}: this run drew its random directions on a CUDA GPU, whose generator the CPU cannot "
