@@ -321,8 +321,11 @@ def search_score(cfg: Any) -> search.Score:
 
 
 def render_search(recorded: tables.Recorded) -> str:
-    score = search_score(recorded.cfg)
-    return search.render_search(recorded, recorded.args.methods, score, label=LABELS.__getitem__, row_of=str)
+    args = recorded.args
+    found = search.Search(
+        recorded.cfg, args.methods, args.lrs, search_score(recorded.cfg), LABELS.__getitem__, str
+    )
+    return search.render_search(recorded, found)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -355,17 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         score = search_score(cfg)
         summarise = search.final_values(score.key)
         command = tables.command_line(__file__, argv)
-        search.lr_search(
-            args,
-            cfg,
-            args.runs_dir / cfg.name,
-            rows,
-            score,
-            command,
-            summarise=summarise,
-            label=LABELS.__getitem__,
-            row_of=str,
-        )
+        found = search.Search(cfg, list(rows), args.lrs, score, LABELS.__getitem__, str)
+        search.lr_search(args, found, args.runs_dir / cfg.name, rows, command, summarise)
         return
     if args.small_models:
         if args.seeds != [cfg.seed]:
@@ -373,8 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         fedpt_small.small_model_study(args, cfg, tables.command_line(__file__, argv))
         return
     root = args.runs_dir / cfg.name
-    stem = {m: f"{m}-lr{own[m]:g}" if m in own else m for m in args.methods}
-    runs = {m: {seed: seed_run_dir(root, stem[m], seed, cfg) for seed in args.seeds} for m in args.methods}
+    stems = {m: f"{m}-lr{own[m]:g}" if m in own else m for m in args.methods}
+    runs = {m: {seed: seed_run_dir(root, stems[m], seed, cfg) for seed in args.seeds} for m in args.methods}
     overrides = {
         run_dir: [
             *run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)]),

@@ -301,9 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     command = tables.command_line(__file__, argv)
     rows = {f"{row}-{part}": [*ROWS[row], *PARTITIONS[part]] for part in args.partitions for row in args.rows}
     if args.lrs:
-        search.lr_search(
-            args, cfg, base, rows, SCORE, command, summarise=summarise, label=label_of, row_of=row_of
-        )
+        found = search.Search(cfg, list(rows), args.lrs, SCORE, label_of, row_of)
+        search.lr_search(args, found, base, rows, command, summarise)
         return
     stems = tables.at_own_lr(rows, own, row_of)
     runs = tables.plan(base, rows, args.seeds, args.set, stems=stems)
@@ -340,8 +339,6 @@ def render_table(recorded: tables.Recorded) -> str:
 def render_search(recorded: tables.Recorded) -> str:
     args = recorded.args
     keys = [f"{row}-{part}" for part in args.partitions for row in args.rows]
-    return search.render_search(recorded, keys, SCORE, label=label_of, row_of=row_of)
-
-
-if __name__ == "__main__":
-    main()
+    return search.render_search(
+        recorded, search.Search(recorded.cfg, keys, args.lrs, SCORE, label_of, row_of)
+    )

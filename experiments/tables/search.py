@@ -105,31 +105,34 @@ def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
     return line
 
 
-def search_text(
-    cfg: Any,
-    rows: Sequence[str],
-    lrs: Sequence[float],
-    results: Mapping[str, Any],
-    score: Score,
-    command: str,
-    *,
-    label: Callable[[str], str],
-    row_of: Callable[[str], str],
-    seeds: int,
-) -> str:
+@dataclass(frozen=True)
+class Search:
+    """What a search's outputs show: the table's config, its row keys and lrs, the score, a row key's
+    label and its row (the ``--row-lr`` name)."""
+
+    cfg: Any
+    rows: Sequence[str]
+    lrs: Sequence[float]
+    score: Score
+    label: Callable[[str], str]
+    row_of: Callable[[str], str]
+
+
+def search_text(search: Search, results: Mapping[str, Any], command: str, seeds: int) -> str:
     """The search's markdown: the score by lr per row (mean ± sample std over seeds), each row's best lr,
     and the ``--row-lr`` line."""
+    cfg, lrs, score = search.cfg, search.lrs, search.score
     best = results.get("best_lr", {})
     table = [
         [
-            label(row),
+            search.label(row),
             *(
                 cell(results.get(search_key(lr, row), {}).get(f"{score.key}_by_seed"), 2, score.scale)
                 for lr in lrs
             ),
             f"{best[row]:g}" if row in best else "-",
         ]
-        for row in rows
+        for row in search.rows
     ]
     better = "lower" if score.lower_is_better else "higher"
     lines = [
@@ -144,27 +147,19 @@ def search_text(
         "",
         f"A row's best lr has the {better} mean {score.label} (a tie: the smaller lr).",
     ]
-    line = row_lr_line(best, row_of)
+    line = row_lr_line(best, search.row_of)
     return "\n".join([*lines, *(["", line] if line else [])])
 
 
-def plot_search(
-    cfg: Any,
-    rows: Sequence[str],
-    lrs: Sequence[float],
-    results: Mapping[str, Any],
-    score: Score,
-    path: Path,
-    *,
-    label: Callable[[str], str],
-) -> Path:
+def plot_search(search: Search, results: Mapping[str, Any], path: Path) -> Path:
     """The score against the lr (log axis), a line per row, its seeds as dots."""
     from experiments import plots
 
+    cfg, score = search.cfg, search.score
     figure, axes, first = plots.panel_grid(1, 5.0, 3.4)
     ax = axes[0]
-    for row in rows:
-        found = [(lr, results.get(search_key(lr, row), {})) for lr in lrs]
+    for row in search.rows:
+        found = [(lr, results.get(search_key(lr, row), {})) for lr in search.lrs]
         found = [(lr, r) for lr, r in found if score.key in r]
         if not found:
             continue
@@ -172,7 +167,7 @@ def plot_search(
             [lr for lr, _ in found],
             [r[score.key] * score.scale for _, r in found],
             marker="o",
-            label=label(row),
+            label=search.label(row),
         )
         for lr, r in found:
             values = [v * score.scale for v in r.get(f"{score.key}_by_seed", {}).values()]
@@ -192,50 +187,26 @@ def plot_search(
 
 def lr_search(
     args: argparse.Namespace,
-    cfg: Any,
+    search: Search,
     base: Path,
     rows: Mapping[str, Sequence[str]],
-    score: Score,
     command: str,
-    *,
     summarise: Callable[[list[Path]], dict[str, Any]],
-    label: Callable[[str], str],
-    row_of: Callable[[str], str],
 ) -> dict[str, Any]:
-    """Run (unless ``--table-only``) and write the search of ``rows`` (key -> overrides) at ``args.lrs``;
+    """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs;
     ``summarise``: the table's, a row's run directories -> its values over seeds. Returns the results."""
-    runs = plan(base, search_rows(rows, args.lrs), args.seeds, args.set)
+    runs = plan(base, search_rows(rows, search.lrs), args.seeds, args.set)
     start(args, runs.runs)
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
-    results["best_lr"] = best_lrs(results, list(rows), args.lrs, score)
-    text = search_text(
-        cfg, list(rows), args.lrs, results, score, command, label=label, row_of=row_of, seeds=len(args.seeds)
-    )
+    results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)
+    text = search_text(search, results, command, len(args.seeds))
     text += rejected_note(path for paths in runs.dirs.values() for path in paths)
-    stem = args.results_dir / f"{PREFIX}{cfg.name}"
-    write_table(stem, text, cfg.name, command, results, args)
-    plot_search(cfg, list(rows), args.lrs, results, score, sibling(stem, ".png"), label=label)
+    stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
+    write_table(stem, text, search.cfg.name, command, results, args)
+    plot_search(search, results, sibling(stem, ".png"))
     return results
 
 
-def render_search(
-    recorded: Any,
-    rows: Sequence[str],
-    score: Score,
-    *,
-    label: Callable[[str], str],
-    row_of: Callable[[str], str],
-) -> str:
-    """``--render`` of a search's results file (``rows``: the keys its command searched)."""
-    args = recorded.args
-    return search_text(
-        recorded.cfg,
-        rows,
-        args.lrs,
-        recorded.results,
-        score,
-        recorded.command,
-        label=label,
-        row_of=row_of,
-        seeds=len(args.seeds),
-    )
+def render_search(recorded: Any, search: Search) -> str:
+    """``--render`` of a search's results file (``search``: as its command made it)."""
+    return search_text(search, recorded.results, recorded.command, len(recorded.args.seeds))
