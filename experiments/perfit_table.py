@@ -342,3 +342,7 @@ def render_search(recorded: tables.Recorded) -> str:
     return search.render_search(
         recorded, search.Search(recorded.cfg, keys, args.lrs, SCORE, label_of, row_of)
     )
+
+
+if __name__ == "__main__":
+    main()
