@@ -260,11 +260,13 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
     ("script", "table"),
     [
         ("perfit_table", "table-perfit-smollm2"),
+        ("perfit_table", "sweep-lr-perfit-smollm2"),
         ("fedpft_table", "sweep-lr-fedpft-minilm-distill-r30"),
         ("fedpft_table", "table-fedpft-minilm-distill-r30"),
         ("fedbiot_table", "sweep-lr-fedbiot-qa-k30"),
         ("fedbiot_table", "table-fedbiot-qa-k30"),
         ("fedbiot_table", "table-fedbiot-qa-k30-d0.5"),
+        ("fedbiot_table", "table-fedbiot-qa-k30-t100"),
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5"),
         ("fedpt_table", "table-fedpt-smollm2"),
