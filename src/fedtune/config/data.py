@@ -26,6 +26,11 @@ class PartitionConfig(Section):
     """Dirichlet partitions: the smallest partition a client may get."""
 
 
+PERSONAL_SPLITS = ("test", "validation")
+"""What ``data.eval_split`` may name with ``eval.personal``: the client's held-out records, or a
+validation split carved from the records it trains on."""
+
+
 class DataConfig(Section):
     dataset: str = "wordnet-instruct"
     """A built-in name (`fedtune data list`), a file: jsonl, json, csv, parquet or a Hugging Face dataset

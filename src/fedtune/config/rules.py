@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib.util
 
 from fedtune.config.algorithm import AlgorithmConfig
-from fedtune.config.data import DataConfig, PartitionConfig
+from fedtune.config.data import PERSONAL_SPLITS, DataConfig, PartitionConfig
 from fedtune.config.deploy import RayConfig
 from fedtune.config.eval import CHOICE_METRICS, EvalConfig
 from fedtune.config.fed import FedConfig
 from fedtune.config.model import ModelConfig
 from fedtune.config.privacy import DPConfig, SecAggConfig
 from fedtune.data.builtin import list_builtin
-from fedtune.data.partition import PERSONAL_SPLITS
 
 
 def personal_eval_problem(

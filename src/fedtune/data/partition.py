@@ -23,6 +23,7 @@ from flwr_datasets.partitioner import (
     PathologicalPartitioner,
 )
 
+from fedtune.config.data import PERSONAL_SPLITS
 from fedtune.data.records import DataError, Record
 
 _INDEX = "_row"
@@ -180,11 +181,6 @@ def holdout_split(
     train = [r for i, r in enumerate(records) if i not in chosen]
     evaluation = [r for i, r in enumerate(records) if i in chosen]
     return train, evaluation
-
-
-PERSONAL_SPLITS = ("test", "validation")
-"""What ``data.eval_split`` may name with ``eval.personal``: the client's held-out records, or a
-validation split carved from the records it trains on."""
 
 
 def personal_split(
