@@ -210,7 +210,7 @@ def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None 
     ]
     note = ordering_note(results, sets)
     lines += ["", note] if note else []
-    own = [f"{LABELS[m]} {results[m]['lr']:g}" for m in ORDER if "lr" in results.get(m, {})]
+    own = [f"{LABELS[m]} {results[m]['lr']:g}" for m in ORDER if results.get(m, {}).get("lr") is not None]
     if own:
         lines += [
             "",
@@ -349,9 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         tables.render(args.render, parser, renderers, args.results_dir)
         return
-    own = tables.row_lrs(parser, args.row_lr, METHODS)
-    if args.lrs and own:
-        parser.error("--lrs searches the lr of every method: give it without --row-lr")
+    own = search.own_lrs(parser, args, METHODS)
     cfg = tables.load_config(args)
     if args.lrs:
         rows = {m: method_overrides(m, cfg) for m in args.methods}
@@ -367,12 +365,12 @@ def main(argv: list[str] | None = None) -> None:
         fedpt_small.small_model_study(args, cfg, tables.command_line(__file__, argv))
         return
     root = args.runs_dir / cfg.name
-    stems = {m: f"{m}-lr{own[m]:g}" if m in own else m for m in args.methods}
+    stems = {m: tables.lr_stem(m, own[m]) if m in own else m for m in args.methods}
     runs = {m: {seed: seed_run_dir(root, stems[m], seed, cfg) for seed in args.seeds} for m in args.methods}
     overrides = {
         run_dir: [
             *run_overrides(m, cfg, [*args.set, *seed_overrides(seed, cfg)]),
-            *([f"train.lr={own[m]}"] if m in own else []),  # last: it wins over --set
+            *([tables.lr_override(own[m])] if m in own else []),
         ]
         for m, seed_runs in runs.items()
         for seed, run_dir in seed_runs.items()
@@ -386,9 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     results = tabulate(cfg, runs, memory, tables.earlier_results(stem) if args.keep_earlier else None)
     if own:  # the lr each row trained at, as its runs' configs say
         for m, seed_runs in runs.items():
-            lrs = {lr for lr in map(tables.run_lr, seed_runs.values()) if lr is not None}
-            if m in results and len(lrs) == 1:
-                results[m]["lr"] = lrs.pop()
+            if m in results:
+                results[m] |= tables.runs_lr(seed_runs.values())
     command = tables.command_line(__file__, argv)
     text = markdown(cfg, results, command)
     text += tables.closing_notes({m: seed_runs.values() for m, seed_runs in runs.items()}, stem, args)

@@ -131,9 +131,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
-    lrs = {lr for lr in map(tables.run_lr, run_dirs) if lr is not None}
-    if lrs:
-        out["lr"] = lrs.pop() if len(lrs) == 1 else None
+    out |= tables.runs_lr(run_dirs)
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
         # the row's first seed is carried: so are the facts read off its run (the previous table
         # took them from its own first seed)
@@ -293,9 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         renderers = {"table-": render_table, search.PREFIX: render_search}
         tables.render(args.render, parser, renderers, args.results_dir)
         return
-    own = tables.row_lrs(parser, args.row_lr, ROWS)
-    if args.lrs and own:
-        parser.error("--lrs searches the lr of every row: give it without --row-lr")
+    own = search.own_lrs(parser, args, ROWS)
     cfg = tables.load_config(args)
     base = args.runs_dir / cfg.name
     command = tables.command_line(__file__, argv)

@@ -194,9 +194,19 @@ def at_own_lr(
     for key, overrides in rows.items():
         lr = own.get(row_of(key))
         if lr is not None:
-            rows[key] = [*overrides, f"train.lr={lr}"]
-            stems[key] = f"{key}-lr{lr:g}"
+            rows[key] = [*overrides, lr_override(lr)]
+            stems[key] = lr_stem(key, lr)
     return stems
+
+
+def lr_stem(key: str, lr: float) -> str:
+    """The stem of a row's runs at its own lr: ``<key>-lr<lr>``."""
+    return f"{key}-lr{lr:g}"
+
+
+def lr_override(lr: float) -> str:
+    """The override that trains a row at its own lr (append it last: it wins over ``--set``)."""
+    return f"train.lr={lr}"
 
 
 def run_lr(run_dir: Path) -> float | None:
@@ -205,6 +215,15 @@ def run_lr(run_dir: Path) -> float | None:
     saved = yaml.safe_load(path.read_text()) if path.is_file() else None
     lr = (saved or {}).get("train", {}).get("lr")
     return None if lr is None else float(lr)
+
+
+def runs_lr(run_dirs: Iterable[Path]) -> dict[str, float | None]:
+    """A row's ``lr`` entry, from the configs its runs saved: ``{"lr": lr}`` where they agree,
+    ``{"lr": None}`` where they differ, ``{}`` where none saved one."""
+    lrs = {lr for lr in map(run_lr, run_dirs) if lr is not None}
+    if not lrs:
+        return {}
+    return {"lr": lrs.pop() if len(lrs) == 1 else None}
 
 
 def start(

@@ -9,7 +9,7 @@ those lrs. FedBiOT and FedPFT keep their own searches (two outputs a run; one lr
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from bench.common import markdown_table, sibling
 from experiments.tables.aggregate import cell, over_seeds, seeds_text
 from experiments.tables.keep import write_table
 from experiments.tables.notes import rejected_note
-from experiments.tables.runs import finals, plan, start
+from experiments.tables.runs import finals, plan, row_lrs, start
 
 VALIDATION = "data.eval_split=validation"
 PREFIX = "sweep-lr-"
@@ -55,6 +55,17 @@ def lrs_option(parser: argparse.ArgumentParser) -> None:
         help="search the lr instead of running the table: every row at each LR on the validation split "
         "(the test split is not read); writes sweep-lr-<config name> and the --row-lr of each row's best",
     )
+
+
+def own_lrs(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, rows: Iterable[str]
+) -> dict[str, float]:
+    """``--row-lr`` as row -> lr (`row_lrs`); given with ``--lrs`` (which searches every row's lr), a usage
+    error."""
+    own = row_lrs(parser, args.row_lr, rows)
+    if args.lrs and own:
+        parser.error("--lrs searches the lr of every row: give it without --row-lr")
+    return own
 
 
 def search_key(lr: float, row: str) -> str:

@@ -301,3 +301,36 @@ def test_run_lr_reads_the_lr_a_run_saved(tmp_path: Path) -> None:
     (tmp_path / "b" / "config.yaml").write_text("name: x\n")
     assert tables.run_lr(tmp_path / "a") == 0.005
     assert tables.run_lr(tmp_path / "b") is None and tables.run_lr(tmp_path / "none") is None
+
+
+def test_a_rows_lr_is_the_one_its_runs_saved_and_none_where_they_differ(tmp_path: Path) -> None:
+    # Prepare: runs that saved lrs 1e-2 and 1e-2, one that saved 3e-3, one that saved no config
+    def saved(name: str, text: str | None) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        if text is not None:
+            (path / "config.yaml").write_text(text)
+        return path
+
+    a, b = saved("a", "train:\n  lr: 0.01\n"), saved("b", "train:\n  lr: 1.0e-2\n")
+    c, bare = saved("c", "train:\n  lr: 0.003\n"), saved("bare", None)
+    # Execute / Assert
+    assert tables.runs_lr([a, b, bare]) == {"lr": 0.01}
+    assert tables.runs_lr([a, c]) == {"lr": None}
+    assert tables.runs_lr([bare]) == {}
+    assert tables.lr_stem("fit", 0.01) == "fit-lr0.01" and tables.lr_override(0.01) == "train.lr=0.01"
+
+
+def test_the_row_lr_line_names_a_row_whose_settings_disagree_instead_of_choosing() -> None:
+    from experiments.tables import search
+
+    # Prepare: fit agrees on 1e-2 in both partitions; perfit's best differs between them
+    best = {"fit-iid": 0.01, "fit-dir": 0.01, "perfit-iid": 0.003, "perfit-dir": 0.01}
+    # Execute
+    line = search.row_lr_line(best, lambda key: key.split("-")[0])
+    only_split = search.row_lr_line({"perfit-iid": 0.003, "perfit-dir": 0.01}, lambda key: key.split("-")[0])
+    # Assert
+    assert line == (
+        "The table at these lrs: `--row-lr fit=0.01`\n\nBest lr differs between settings for: perfit"
+    )
+    assert only_split == "Best lr differs between settings for: perfit"
