@@ -344,7 +344,10 @@ class Runner:
                     f"{self.run_dir} already holds a run; use `fedtune resume {self.run_dir}` or another "
                     "--output-dir"
                 )
-            dump_config(self.cfg, self.run_dir / "config.yaml", extra={"versions": _versions()})
+            # The thread count with the versions: it sets the order of float sums, which can move a run
+            # that sits on the edge of divergence.
+            run_facts = {"versions": _versions(), "threads": torch.get_num_threads()}
+            dump_config(self.cfg, self.run_dir / "config.yaml", extra=run_facts)
         trackers.start()
         _seed_everything(self.cfg.seed)
         rounds = self.cfg.fed.rounds

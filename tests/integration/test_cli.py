@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 from typer.testing import CliRunner
 
 from fedtune.cli import app
@@ -19,7 +21,8 @@ def test_run_eval_generate_report(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = runner.invoke(app, ["run", CONFIG, "fed.rounds=1", "-o", str(run_dir)])
     assert result.exit_code == 0, result.output
-    assert (run_dir / "config.yaml").is_file()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["_run"]
+    assert saved["threads"] == torch.get_num_threads() and saved["versions"]["torch"] == torch.__version__
     assert (run_dir / "artifacts" / "adapter" / "adapter_config.json").is_file()
     result = runner.invoke(app, ["eval", str(run_dir), "--max-examples", "4"])
     assert result.exit_code == 0, result.output
