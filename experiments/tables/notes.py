@@ -1,5 +1,6 @@
-"""The notes that close a table's .md: what ``--keep-earlier`` kept, and every reply its runs' servers
-rejected (such a row is not the method's plain average)."""
+"""The notes that close a table's .md: what ``--keep-earlier`` kept, every reply its runs' servers
+rejected (such a row is not the method's plain average), and runs that computed at different CPU thread
+counts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from bench.common import sibling
 
 from experiments.tables.runs import read_rows
@@ -98,17 +100,49 @@ def closing_notes(
     (row -> run directories) rejected, those of runs not here from the previous ``<stem>.md`` with
     ``--keep-earlier``."""
     keep = getattr(args, "keep_earlier", False)
-    runs = (run_dir for row_dirs in dirs.values() for run_dir in row_dirs)
+    runs = [run_dir for row_dirs in dirs.values() for run_dir in row_dirs]
     rejected = rejected_note(runs, earlier=stem if keep else None)
-    return kept_rows_note(kept_rows or []) + kept_seeds_note(kept_seeds or {}) + rejected
+    return kept_rows_note(kept_rows or []) + kept_seeds_note(kept_seeds or {}) + rejected + threads_note(runs)
+
+
+THREADS_HEAD = "Runs that computed at different CPU thread counts"
+
+
+def run_threads(run_dir: Path) -> int | None:
+    """The CPU thread count a run computed with, as its ``config.yaml`` records it (``_run.threads``);
+    None for a run not here or made before runs recorded it."""
+    path = run_dir / "config.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    threads = ((saved or {}).get("_run") or {}).get("threads")
+    return None if threads is None else int(threads)
+
+
+def threads_note(run_dirs: Iterable[Path]) -> str:
+    """A table's note where its runs computed at different thread counts: the count orders float sums,
+    so a run on the edge of divergence can go either way at another count. The runs by count; "" where
+    every run that recorded one agrees."""
+    by_count: dict[int, list[str]] = {}
+    for run_dir in run_dirs:
+        threads = run_threads(run_dir)
+        if threads is not None:
+            by_count.setdefault(threads, []).append(run_dir.name)
+    if len(by_count) < 2:
+        return ""
+    counts = "; ".join(f"{n} thread(s): {', '.join(names)}" for n, names in sorted(by_count.items()))
+    return (
+        f"\n\n{THREADS_HEAD} (the count orders float sums: a run on the edge of divergence can go either "
+        f"way at another): {counts}.\n"
+    )
 
 
 # What a table's .md holds that its .json does not: notes on the runs found (kept from an earlier file,
-# rejected replies). They close the .md; --render keeps them as the .md beside the .json has them.
+# rejected replies, thread counts). They close the .md; --render keeps them as the .md beside the .json
+# has them.
 RUN_NOTES = (
     "\n\nKept from the previous results file",
     "\n\nSeeds kept from the previous results file (their runs not here",
     "\n\n" + REJECTED_HEAD,
+    "\n\n" + THREADS_HEAD,
 )
 
 

@@ -334,3 +334,27 @@ def test_the_row_lr_line_names_a_row_whose_settings_disagree_instead_of_choosing
         "The table at these lrs: `--row-lr fit=0.01`\n\nBest lr differs between settings for: perfit"
     )
     assert only_split == "Best lr differs between settings for: perfit"
+
+
+def test_a_table_names_runs_that_computed_at_different_thread_counts(tmp_path: Path) -> None:
+    from experiments.tables import notes
+
+    # Prepare: two rows' runs at 1 thread, one at 2, one made before runs recorded the count
+    def run(name: str, threads: int | None) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        facts = "" if threads is None else f"_run:\n  threads: {threads}\n"
+        (path / "config.yaml").write_text(f"seed: 0\n{facts}")
+        return path
+
+    dirs = {"fedot": [run("fedot-s0", 1), run("fedot-s1", 2)], "offsite": [run("offsite-s0", 1)]}
+    old = run("old-s0", None)
+    args = tables.table_parser(None).parse_args(["x.yaml"])
+    # Execute
+    text = tables.closing_notes(dirs, tmp_path / "table-x", args)
+    same = notes.threads_note([*dirs["offsite"], dirs["fedot"][0], old])
+    # Assert
+    assert text.startswith(f"\n\n{notes.THREADS_HEAD}")
+    assert "1 thread(s): fedot-s0, offsite-s0; 2 thread(s): fedot-s1." in text
+    assert same == "" and notes.run_threads(old) is None
+    assert notes.run_notes("# table\n\n| a |" + text) == text  # --render keeps it
