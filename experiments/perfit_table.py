@@ -308,9 +308,12 @@ def main(argv: list[str] | None = None) -> None:
     results = {key: summarise(paths, earlier.get(key)) for key, paths in runs.dirs.items()}
     perfit_runs = [p for key, paths in runs.dirs.items() if key.startswith("perfit_s0.5") for p in paths]
     finished = [p for p in perfit_runs if tables.finished_rows(p)]
-    if finished:  # a run still going may hold no masks yet
-        results["masks"] = mask_plot(finished[0], tables.sibling(stem, "-masks.png"))
-    elif "masks" in earlier:  # the plot on disk is still that of the earlier run
+    # a run still going may hold no masks yet, and a finished one whose checkpoints (where the masks
+    # live) were removed none any more: then the plot on disk is still that of the earlier run
+    masks = mask_plot(finished[0], tables.sibling(stem, "-masks.png")) if finished else {}
+    if masks:
+        results["masks"] = masks
+    elif "masks" in earlier:
         results["masks"] = earlier["masks"]
     text = table_text(cfg, results, args.partitions, command) + tables.closing_notes(runs.dirs, stem, args)
     tables.write_table(stem, text, cfg.name, command, results, args)

@@ -205,3 +205,23 @@ def test_row_lr_runs_a_row_at_its_own_lr_and_shows_it(tmp_path: Path) -> None:
     assert "| PerFIT s = 0.5 | pathological | 0.001 |" in table
     with pytest.raises(SystemExit):
         perfit_table.main([*argv, "--lrs", "0.001", "--row-lr", "fit=0.003", "--table-only"])
+
+
+def test_a_finished_run_without_checkpoints_keeps_the_earlier_mask_study(tmp_path: Path) -> None:
+    # Prepare: a finished PerFIT run whose checkpoints were removed (the masks live only there) and a
+    # previous results file that holds its mask study
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    _fake_run(tmp_path / "runs" / "perfit-tiny" / "perfit_s0.5-pathological-s0", 7.0)
+    shared = {"0": {"pairs": 6, "mean": 0.5, "std": 0.1}}
+    masks = {"clients": ["c00", "c01", "c02", "c03"], "by_shared": shared}
+    (results_dir / "table-perfit-tiny.json").write_text(json.dumps({"results": {"masks": masks}}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--rows", "perfit_s0.5", "--table-only"]
+    # Execute / Assert: without the flag the study would go, so the write is refused; with it, kept
+    with pytest.raises(SystemExit, match=r"this write would drop .*masks/by_shared"):
+        perfit_table.main(argv)
+    perfit_table.main([*argv, "--keep-earlier"])
+    saved = json.loads((results_dir / "table-perfit-tiny.json").read_text())["results"]
+    assert saved["masks"] == masks
