@@ -269,6 +269,8 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedbiot_table", "table-fedbiot-qa-k30-d0.5"),
         ("fedbiot_table", "table-fedbiot-qa-k30-t100"),
         ("fedbiot_table", "table-fedbiot-code-k30"),
+        ("fedbiot_table", "table-fedbiot-math-k30"),
+        ("fedbiot_table", "sweep-lr-fedbiot-math-k30"),
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5"),
         ("fedpt_table", "table-fedpt-smollm2"),
