@@ -9,10 +9,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bench.common import sibling
 
-from experiments.tables.runs import read_rows
+from experiments.tables.runs import read_rows, saved_value
 
 
 def rejected_replies(run_dir: Path) -> list[tuple[int, str, str]]:
@@ -111,9 +110,7 @@ THREADS_HEAD = "Runs that computed at different CPU thread counts"
 def run_threads(run_dir: Path) -> int | None:
     """The CPU thread count a run computed with, as its ``config.yaml`` records it (``_run.threads``);
     None for a run not here or made before runs recorded it."""
-    path = run_dir / "config.yaml"
-    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
-    threads = ((saved or {}).get("_run") or {}).get("threads")
+    threads = saved_value(run_dir, "_run.threads")
     return None if threads is None else int(threads)
 
 

@@ -209,11 +209,19 @@ def lr_override(lr: float) -> str:
     return f"train.lr={lr}"
 
 
-def run_lr(run_dir: Path) -> float | None:
-    """The learning rate a run trained at, from the config it saved (None: no config saved with one)."""
+def saved_value(run_dir: Path, dotted_key: str) -> Any:
+    """What the config a run saved (``config.yaml``) holds at ``dotted_key``, e.g. ``train.lr`` or
+    ``_run.threads``; None where the run saved no config or its config has no such key."""
+    from fedtune.report.io import config_value
+
     path = run_dir / "config.yaml"
     saved = yaml.safe_load(path.read_text()) if path.is_file() else None
-    lr = (saved or {}).get("train", {}).get("lr")
+    return config_value(saved if isinstance(saved, dict) else {}, dotted_key)
+
+
+def run_lr(run_dir: Path) -> float | None:
+    """The learning rate a run trained at, from the config it saved (None: no config saved with one)."""
+    lr = saved_value(run_dir, "train.lr")
     return None if lr is None else float(lr)
 
 
