@@ -1,9 +1,11 @@
 """FedMKT's models, shared by its table (`experiments/fedmkt_table.py`) and its trajectory over rounds
 (`experiments/fedmkt_rounds.py`): the SLMs a setting holds and which clients hold each, the metric of a
-dataset, a metrics row's score of the LLM and of each SLM, and the colour of each model in the plots."""
+dataset, a metrics row's score of the LLM and of each SLM, the colour of each model in the plots, and
+where a row's run lies (a row at its own lr, ``--row-lr``, has runs of its own)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +47,16 @@ def model_scores(row: dict[str, Any], held: dict[str, list[str]], metric: str) -
         if values:
             out[name] = float(np.mean(values))
     return out
+
+
+def row_of(name: str) -> str:
+    """The table row of a run name without its seed: ``<dataset>-<setting>-<row>``, or a run the settings
+    share, ``<dataset>-centralized-<model>`` (row ``centralized``) and ``<dataset>-llmpublic``."""
+    return "centralized" if "-centralized-" in name else name.rsplit("-", 1)[-1]
+
+
+def run_path(root: Path, name: str, seed: int | str, own: Mapping[str, float] | None = None) -> Path:
+    """The run directory of run ``name`` (see `row_of`) for ``seed``: ``<name>-s<seed>``, or
+    ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``: row -> lr) gives the run's row its lr."""
+    lr = (own or {}).get(row_of(name))
+    return root / f"{name if lr is None else f'{name}-lr{lr:g}'}-s{seed}"

@@ -6,27 +6,35 @@ runs), and the file names it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments import plots, tables
-from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, slms
+from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, run_path, slms
 from experiments.tables import layout
 
 SELECTED = {"llm_kd_selected": "LLM", "slm_kd_selected": "SLM (mean)"}
 
 
 def over_rounds(
-    cfg: Any, root: Path, dataset: str, setting: str, seeds: list[int], metric: str
+    cfg: Any,
+    root: Path,
+    dataset: str,
+    setting: str,
+    seeds: list[int],
+    metric: str,
+    own: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Round -> column -> seed -> value of the finished FedMKT runs: the LLM's and each SLM's score, and how
-    many public samples DualMinCE kept for the LLM's distillation (``llm_kd_selected``) and, the mean
-    over clients, for an SLM's (``slm_kd_selected``)."""
+    """Round -> column -> seed -> value of the finished FedMKT runs (at their own lr where ``own``,
+    ``--row-lr``, gives the FedMKT row one): the LLM's and each SLM's score, and how many public samples
+    DualMinCE kept for the LLM's distillation (``llm_kd_selected``) and, the mean over clients, for an
+    SLM's (``slm_kd_selected``)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for seed in seeds:
-        run_dir = root / f"{dataset}-{setting}-fedmkt-s{seed}"
+        run_dir = run_path(root, f"{dataset}-{setting}-fedmkt", seed, own)
         rows = tables.finished_rows(run_dir)
         held = holders(cfg, setting, run_dir) if rows else {}
         for row in rows:
@@ -124,9 +132,12 @@ def plot_rounds(cfg: Any, curves: dict[str, Any], path: Path) -> Path | None:
     return plots.save_figure(figure, path)
 
 
-def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
-    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (with
-    ``--keep-earlier``, and of the seeds asked for whose runs are elsewhere, from the previous file)."""
+def write_rounds(
+    cfg: Any, args: Any, root: Path, command: str, own: Mapping[str, float] | None = None
+) -> None:
+    """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (``own``:
+    the rows' own lrs, ``--row-lr``; with ``--keep-earlier``, and of the seeds asked for whose runs are
+    elsewhere, from the previous file)."""
     stem = args.results_dir / f"rounds-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else {}
     curves: dict[str, Any] = {}
@@ -134,7 +145,7 @@ def write_rounds(cfg: Any, args: Any, root: Path, command: str) -> None:
     for dataset in args.datasets:
         for setting in args.settings:
             key = f"{dataset}-{setting}"
-            by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset))
+            by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset), own)
             # a seed is kept whole or not at all: its rounds never mix two runs
             here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
             wanted = [seed for seed in map(str, args.seeds) if seed not in here]

@@ -41,11 +41,25 @@ rows were run elsewhere needs its FedMKT run alone. ``--set`` changes the config
 larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
+
+Each row at its own lr: ``--lrs 1e-4 2e-4 5e-4`` searches every run of ``--rows`` (in each dataset and
+setting asked for) at each lr on the validation split (every model is scored on it; the test split is not
+read) and writes ``sweep-lr-<config name>``, whose last line is the ``--row-lr fedmkt=... standalone=...``
+that runs the table with each row at its best lr (its runs ``<name>-lr<lr>-s<seed>``; the table says which
+rows trained at which lr). A row's lr is that of every model the row trains: the SLMs' ``train.lr`` and
+the LLM's ``fedmkt.llm_train.lr`` (the config keeps the two equal; the paper fixes them per model, 3e-5 for
+the LLM). A run's score is the mean of the scores of the models it trains: the LLM and every SLM for
+FedMKT, the SLMs for Standalone, SLMs + public CE and LLM2SLM (their LLM does not learn), the one model
+of a Centralized, LLM-on-public or FedAvg run. The Centralized runs (one per model) are searched one by
+one; where their best lrs differ the search says so instead of giving one ``--row-lr``.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +68,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import fedmkt_rounds, plots, tables
-from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, slms
-from experiments.tables import layout
+from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, row_of, run_path, slms
+from experiments.tables import layout, search
 
 DATASETS: dict[str, list[str]] = {
     "wic": ["data.dataset=wordnet-wic"],
@@ -85,6 +99,16 @@ SLM_PUBLIC = ["fedmkt.lam=1", "fedmkt.llm_learns=false"]
 
 
 SETTINGS = ["hetero", "hetero2", "homo", "one"]
+# the LLM's lr beside the SLMs' train.lr: a row's own lr sets both
+LLM_LR = "fedmkt.llm_train.lr"
+
+
+def at_lr(overrides: Sequence[str], lr: float) -> list[str]:
+    """A run's overrides at its row's lr: every model it trains at ``lr``, the SLMs (``train.lr``) and the
+    LLM (``fedmkt.llm_train.lr``; a FedIT run, with no fedmkt section, trains its one model by
+    ``train.lr``)."""
+    out = tables.train_lr(overrides, lr)
+    return out if "fedmkt=null" in overrides else [*out, f"{LLM_LR}={lr}"]
 
 
 def settings(cfg: Any) -> dict[str, list[str]]:
@@ -129,17 +153,25 @@ def runs(cfg: Any, dataset: str, setting: str) -> dict[str, list[str]]:
 
 
 def planned(
-    cfg: Any, datasets: list[str], chosen: list[str], seeds: list[int], extra: list[str]
+    cfg: Any,
+    datasets: list[str],
+    chosen: list[str],
+    seeds: list[int],
+    extra: list[str],
+    own: Mapping[str, float] | None = None,
 ) -> dict[str, list[str]]:
     """Run directory name -> overrides of every run of the table. ``extra`` (``--set``) comes first, as
     a change of the config: a run's own overrides win over it (a centralized SLM run keeps its SLM when
-    ``--set model.name=...`` changes the LLM)."""
+    ``--set model.name=...`` changes the LLM). A row that ``own`` (``--row-lr``) gives an lr trains at it
+    (`at_lr`, last: it wins), in run directories of its own (`run_path`)."""
     out: dict[str, list[str]] = {}
     for dataset in datasets:
         for setting in chosen:
             for name, overrides in runs(cfg, dataset, setting).items():
+                lr = (own or {}).get(row_of(name))
+                trained = list(overrides) if lr is None else at_lr(overrides, lr)
                 for seed in seeds:
-                    out[f"{name}-s{seed}"] = [*extra, *overrides, f"seed={seed}"]
+                    out[run_path(Path(), name, seed, own).name] = [*extra, *trained, f"seed={seed}"]
     return out
 
 
@@ -151,10 +183,80 @@ def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str
     """The runs of ``jobs`` (run directory name -> overrides, from `planned`) that make ``rows``."""
 
     def row(name: str) -> str:
-        stem = name.rsplit("-s", 1)[0]
-        return "centralized" if "-centralized-" in stem else stem.rsplit("-", 1)[-1]
+        stem = re.sub(r"-lr[0-9.e+-]+$", "", name.rsplit("-s", 1)[0])  # a row at its own lr
+        return row_of(stem)
 
     return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
+
+
+def searched(cfg: Any, datasets: list[str], chosen: list[str], rows: list[str]) -> dict[str, list[str]]:
+    """What ``--lrs`` searches: every run of ``rows`` in ``datasets`` x ``chosen`` (its name without the
+    seed -> its overrides; the runs the settings share once), the FedMKT run's Zero-shot round aside."""
+    return {
+        name: overrides
+        for dataset in datasets
+        for setting in chosen
+        for name, overrides in runs(cfg, dataset, setting).items()
+        if row_of(name) in rows
+    }
+
+
+def trained_score(cfg: Any, name: str, run_dir: Path, metric: str) -> float | None:
+    """The mean score of the models run ``name`` trains (see the module docstring), at its last
+    evaluation; None until the run has finished with every one of them scored."""
+    rest = name.split("-", 1)[1]  # the name without its dataset
+    if rest == "llmpublic" or rest.startswith("centralized-") or rest.endswith("-fedavg"):
+        return fedit_score(run_dir, metric)
+    setting, row = rest.split("-", 1)
+    found = scores(cfg, setting, run_dir, metric, None) or {}
+    models = ["llm", *slms(cfg, setting)] if row == "fedmkt" else slms(cfg, setting)
+    if not all(model in found for model in models):
+        return None
+    return float(np.mean([found[model] for model in models]))
+
+
+def search_of(cfg: Any, args: Any, parser: argparse.ArgumentParser | None = None) -> search.Search:
+    """The lr search of ``args`` (its datasets, settings, rows and lrs), scored on the datasets' metric:
+    one metric a search, so datasets of different metrics (Rouge-L for instruct) are searched apart."""
+    metrics = {metric_of(cfg, dataset) for dataset in args.datasets}
+    if len(metrics) > 1 and parser is not None:
+        parser.error(
+            f"--lrs ranks the runs by one metric, but --datasets score {sorted(metrics)}: search them apart"
+        )
+    metric = metrics.pop()
+    lower = metric == "perplexity"
+    score = search.Score(
+        "score",
+        f"{metric}{'' if lower else ' (x 100)'}, mean of the models each run trains",
+        lower_is_better=lower,
+        scale=1.0 if lower else 100.0,
+    )
+    names = list(searched(cfg, args.datasets, args.settings, args.rows))
+    return search.Search(cfg, names, args.lrs, score, search_label, row_of)
+
+
+def search_label(name: str) -> str:
+    """A searched run's label: its row, then its dataset and setting (or a shared run's model)."""
+    dataset, rest = name.split("-", 1)
+    if rest.startswith("centralized-"):
+        return f"Centralized ({rest.removeprefix('centralized-')}), {dataset}"
+    row = row_of(name)
+    return f"{LABELS[row]}, {dataset}" + ("" if row == "llmpublic" else f" {rest.rsplit('-', 1)[0]}")
+
+
+def lr_search(cfg: Any, args: Any, parser: argparse.ArgumentParser, root: Path, command: str) -> None:
+    """``--lrs``: every searched run (`searched`) at each lr on validation, each one's best lr."""
+    found = search_of(cfg, args, parser)
+    metric = metric_of(cfg, args.datasets[0])
+    keys = {search.search_key(lr, name): name for lr in args.lrs for name in found.rows}
+
+    def summarise(paths: list[Path]) -> dict[str, Any]:
+        name = keys[paths[0].name.rsplit("-s", 1)[0]]
+        values = {tables.seed_of(path): trained_score(cfg, name, path, metric) for path in paths}
+        return tables.over_seeds("score", {seed: v for seed, v in values.items() if v is not None})
+
+    rows = searched(cfg, args.datasets, args.settings, args.rows)
+    search.lr_search(args, found, root, rows, command, summarise, at_lr)
 
 
 def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) -> dict[str, float] | None:
@@ -179,32 +281,42 @@ def fedit_score(run_dir: Path, metric: str) -> float | None:
 
 
 def collect(
-    cfg: Any, root: Path, dataset: str, setting: str, seeds: list[int], metric: str
+    cfg: Any,
+    root: Path,
+    dataset: str,
+    setting: str,
+    seeds: list[int],
+    metric: str,
+    own: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Row -> column (llm / SLM name / traffic) -> seed -> value, from the finished runs here."""
+    """Row -> column (llm / SLM name / traffic) -> seed -> value, from the finished runs here (a row's
+    runs at its own lr where ``own``, ``--row-lr``, gives it one)."""
     table: dict[str, dict[str, dict[str, float]]] = {}
 
     def add(row: str, seed: int, values: dict[str, float] | None) -> None:
         for key, value in (values or {}).items():
             table.setdefault(row, {}).setdefault(key, {})[str(seed)] = value
 
+    def at(name: str, seed: int) -> Path:
+        return run_path(root, f"{dataset}-{name}", seed, own)
+
     for seed in seeds:
         for row, rnd in (("zeroshot", 0), ("fedmkt", None)):
-            add(row, seed, scores(cfg, setting, root / f"{dataset}-{setting}-fedmkt-s{seed}", metric, rnd))
-        alone = scores(cfg, setting, root / f"{dataset}-{setting}-standalone-s{seed}", metric, None)
+            add(row, seed, scores(cfg, setting, at(f"{setting}-fedmkt", seed), metric, rnd))
+        alone = scores(cfg, setting, at(f"{setting}-standalone", seed), metric, None)
         add("standalone", seed, {k: v for k, v in (alone or {}).items() if k != "llm"})  # LLM untrained
-        control = scores(cfg, setting, root / f"{dataset}-{setting}-slmpublic-s{seed}", metric, None)
+        control = scores(cfg, setting, at(f"{setting}-slmpublic", seed), metric, None)
         add("slmpublic", seed, {k: v for k, v in (control or {}).items() if k != "llm"})  # LLM frozen
         if setting == "one":
-            add("llm2slm", seed, scores(cfg, setting, root / f"{dataset}-one-llm2slm-s{seed}", metric, None))
+            add("llm2slm", seed, scores(cfg, setting, at("one-llm2slm", seed), metric, None))
         if setting == "homo":
-            value = fedit_score(root / f"{dataset}-homo-fedavg-s{seed}", metric)
+            value = fedit_score(at("homo-fedavg", seed), metric)
             add("fedavg", seed, None if value is None else {cfg.fedmkt.clients[0]: value})
-        centralized = {"llm": fedit_score(root / f"{dataset}-centralized-llm-s{seed}", metric)}
+        centralized = {"llm": fedit_score(at("centralized-llm", seed), metric)}
         for name in slms(cfg, setting):
-            centralized[name] = fedit_score(root / f"{dataset}-centralized-{name}-s{seed}", metric)
+            centralized[name] = fedit_score(at(f"centralized-{name}", seed), metric)
         add("centralized", seed, {k: v for k, v in centralized.items() if v is not None})
-        public_only = fedit_score(root / f"{dataset}-llmpublic-s{seed}", metric)
+        public_only = fedit_score(at("llmpublic", seed), metric)
         add("llmpublic", seed, None if public_only is None else {"llm": public_only})
     return table
 
@@ -276,15 +388,17 @@ def tabulate(
     chosen: list[str],
     seeds: list[int],
     earlier: dict[str, Any] | None = None,
+    own: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The tables' values: ``<dataset>-<setting>`` -> row -> column -> seed -> value (and ``carried``:
-    ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``)."""
+    ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``; ``row_lr``: ``own``, the rows at
+    their own lr)."""
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
         for setting in chosen:
             key = f"{dataset}-{setting}"
-            table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset))
+            table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset), own)
             if earlier is not None:
                 kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
                 if kept:
@@ -294,7 +408,12 @@ def tabulate(
             results[key] = table
     if carried:
         results["carried"] = carried
+    if own:
+        results["row_lr"] = dict(own)
     return results
+
+
+NOT_TABLES = ("carried", "row_lr")  # the keys of `tabulate`'s results that are no dataset and setting
 
 
 Cells = dict[str, dict[str, float]]  # a row's values: column -> seed -> value
@@ -333,6 +452,14 @@ def markdown(
         f"# FedMKT at small scale: {cfg.name} (LLM {cfg.model.name}; scores x 100, mean ± std over seeds)",
         "",
     ]
+    own = results.get("row_lr", {})
+    if own:
+        at = ", ".join(f"{LABELS[row]} {lr:g}" for row, lr in own.items())
+        parts += [
+            f"Rows at their own lr (the SLMs' train.lr and the LLM's {LLM_LR}): {at}; the others at "
+            f"the config's (train.lr {cfg.train.lr:g}, {LLM_LR} {cfg.fedmkt.llm_train.lr:g}).",
+            "",
+        ]
     carried = results.get("carried", {})
     for dataset in datasets:
         data_metric = metric_of(cfg, dataset)
@@ -367,7 +494,7 @@ def plot(cfg: Any, results: dict[str, Any], path: Path) -> Path | None:
     models = ["llm", *dict.fromkeys(cfg.fedmkt.clients)]
     markers = ["o", "s", "^", "D", "v"]
     panels = []
-    for key in (key for key in results if key != "carried"):
+    for key in (key for key in results if key not in NOT_TABLES):
         table = results[key]
         rows = [row for row in LABELS if row in table]
         shown = [m for m in models if any(m in table[row] for row in rows)]
@@ -407,6 +534,10 @@ def render_table(recorded: tables.Recorded) -> str:
     return markdown(cfg, recorded.results, args.datasets, args.settings, root, recorded.command)
 
 
+def render_search(recorded: tables.Recorded) -> str:
+    return search.render_search(recorded, search_of(recorded.cfg, recorded.args))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = tables.table_parser(__doc__.splitlines()[0], keep_earlier=True)
     parser.add_argument("--settings", nargs="+", default=["hetero"], choices=SETTINGS)
@@ -417,21 +548,31 @@ def main(argv: list[str] | None = None) -> None:
         default=list(ROWS),
         choices=ROWS,
         help="start only these rows' runs (default: all); the table reads every row, --keep-earlier "
-        "keeping the values of runs made elsewhere",
+        "keeping the values of runs made elsewhere; with --lrs, the rows searched",
     )
+    tables.row_lr_option(parser, "fedmkt=0.0001")
+    search.lrs_option(parser)
     args = tables.parse_args(parser, argv)
     if args.render:
-        renderers = {"table-": render_table, "rounds-": fedmkt_rounds.render_rounds}
+        renderers = {
+            "table-": render_table,
+            "rounds-": fedmkt_rounds.render_rounds,
+            search.PREFIX: render_search,
+        }
         tables.render(args.render, parser, renderers, args.results_dir)
         return
+    own = search.own_lrs(parser, args, ROWS)
     cfg = tables.load_config(args)
     root = args.runs_dir / cfg.name
+    command = tables.command_line(__file__, argv)
+    if args.lrs:
+        lr_search(cfg, args, parser, root, command)
+        return
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else None
-    jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set)
+    jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set, own)
     tables.start(args, {root / name: overrides for name, overrides in pick_rows(jobs, args.rows).items()})
-    command = tables.command_line(__file__, argv)
-    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier)
+    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own)
     text = markdown(cfg, results, args.datasets, args.settings, root, command)
     text += tables.closing_notes({"every run": [root / name for name in jobs]}, stem, args)
     tables.write_table(stem, text, str(args.config), command, results, args)
@@ -439,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     if figure is not None:
         print(f"plot: {figure}")
     if cfg.fed.rounds > 1:
-        fedmkt_rounds.write_rounds(cfg, args, root, command)
+        fedmkt_rounds.write_rounds(cfg, args, root, command, own)
 
 
 if __name__ == "__main__":

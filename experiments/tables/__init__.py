@@ -67,6 +67,7 @@ from experiments.tables.runs import (
     seed_of,
     start,
     table_parser,
+    train_lr,
     trained_rows,
 )
 from experiments.tables.verdicts import (
@@ -146,6 +147,7 @@ __all__ = [
     "stamp_of",
     "start",
     "table_parser",
+    "train_lr",
     "trained_rows",
     "verdict",
     "write_table",

@@ -184,17 +184,30 @@ def row_lrs(parser: argparse.ArgumentParser, given: Sequence[str], rows: Iterabl
     return out
 
 
+AtLr = Callable[[Sequence[str], float], list[str]]
+"""A row's overrides and an lr -> the overrides that train the row at that lr."""
+
+
+def train_lr(overrides: Sequence[str], lr: float) -> list[str]:
+    """The usual `AtLr`: `lr_override` appended last (it wins over ``--set`` and the row's own keys)."""
+    return [*overrides, lr_override(lr)]
+
+
 def at_own_lr(
-    rows: dict[str, list[str]], own: Mapping[str, float], row_of: Callable[[str], str]
+    rows: dict[str, list[str]],
+    own: Mapping[str, float],
+    row_of: Callable[[str], str],
+    at_lr: AtLr = train_lr,
 ) -> dict[str, str]:
-    """Give each table row (key -> overrides) whose row (``row_of(key)``) is in ``own`` its lr: ``train.lr``
-    appended to its overrides (in place: after ``--set`` and the row's own keys, so it wins), and its
-    runs' stem ``<key>-lr<lr>`` (returned, key -> stem, for `plan`), so runs at two lrs never mix."""
+    """Give each table row (key -> overrides) whose row (``row_of(key)``) is in ``own`` its lr (``at_lr``:
+    by default ``train.lr`` appended to its overrides, in place: after ``--set`` and the row's own keys, so
+    it wins), and its runs' stem ``<key>-lr<lr>`` (returned, key -> stem, for `plan`), so runs at two lrs
+    never mix."""
     stems = {}
     for key, overrides in rows.items():
         lr = own.get(row_of(key))
         if lr is not None:
-            rows[key] = [*overrides, lr_override(lr)]
+            rows[key] = at_lr(overrides, lr)
             stems[key] = lr_stem(key, lr)
     return stems
 

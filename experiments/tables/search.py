@@ -19,7 +19,7 @@ from bench.common import markdown_table, sibling
 from experiments.tables.aggregate import cell, over_seeds, seeds_text
 from experiments.tables.keep import write_table
 from experiments.tables.notes import rejected_note
-from experiments.tables.runs import finals, plan, row_lrs, start
+from experiments.tables.runs import AtLr, finals, plan, row_lrs, start, train_lr
 
 VALIDATION = "data.eval_split=validation"
 PREFIX = "sweep-lr-"
@@ -72,10 +72,13 @@ def search_key(lr: float, row: str) -> str:
     return f"lr{lr:g}-{row}"
 
 
-def search_rows(rows: Mapping[str, Sequence[str]], lrs: Sequence[float]) -> dict[str, list[str]]:
-    """Each row (key -> overrides) at each lr, on validation: ``lr<lr>-<key>`` -> overrides, lr-major."""
+def search_rows(
+    rows: Mapping[str, Sequence[str]], lrs: Sequence[float], at_lr: AtLr = train_lr
+) -> dict[str, list[str]]:
+    """Each row (key -> overrides) at each lr (``at_lr``), on validation: ``lr<lr>-<key>`` -> overrides,
+    lr-major."""
     return {
-        search_key(lr, key): [*overrides, f"train.lr={lr}", VALIDATION]
+        search_key(lr, key): [*at_lr(overrides, lr), VALIDATION]
         for lr in lrs
         for key, overrides in rows.items()
     }
@@ -99,8 +102,8 @@ def best_lrs(
 
 
 def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
-    """The ``--row-lr`` of ``best`` (row key -> lr), by row; a row whose keys (one per setting) disagree
-    is left out, named in a note instead."""
+    """The ``--row-lr`` of ``best`` (row key -> lr), by row; a row whose keys (one per setting, partition
+    or model) disagree is left out, named in a note instead."""
     by_row: dict[str, set[float]] = {}
     for key, lr in best.items():
         by_row.setdefault(row_of(key), set()).add(lr)
@@ -112,7 +115,7 @@ def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
         else ""
     )
     if split:
-        line += f"{chr(10) * 2 if line else ''}Best lr differs between settings for: {', '.join(split)}"
+        line += f"{chr(10) * 2 if line else ''}Best lr differs between the runs of: {', '.join(split)}"
     return line
 
 
@@ -203,10 +206,12 @@ def lr_search(
     rows: Mapping[str, Sequence[str]],
     command: str,
     summarise: Callable[[list[Path]], dict[str, Any]],
+    at_lr: AtLr = train_lr,
 ) -> dict[str, Any]:
-    """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs;
-    ``summarise``: the table's, a row's run directories -> its values over seeds. Returns the results."""
-    runs = plan(base, search_rows(rows, search.lrs), args.seeds, args.set)
+    """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs
+    (``at_lr``: how a row trains at an lr); ``summarise``: the table's, a row's run directories -> its
+    values over seeds. Returns the results."""
+    runs = plan(base, search_rows(rows, search.lrs, at_lr), args.seeds, args.set)
     start(args, runs.runs)
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
     results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)

@@ -314,3 +314,106 @@ def test_rows_picks_which_runs_start_and_the_table_still_reads_every_row(tmp_pat
     }
     assert f"wic-centralized-{slm}-s1" in jobs
     assert fedmkt_table.pick_rows(jobs, list(fedmkt_table.ROWS)) == jobs
+
+
+def _fake_fedmkt_run(path: Path, llm: float, slm: float | None = None, *, lr: float, clients: str) -> None:
+    """A finished one-round run of the tiny config's one-to-one setting: the server model's score ``llm``,
+    client c00's (its SLM) ``slm``."""
+    path.mkdir(parents=True)
+    config = {"fed": {"rounds": 1}, "train": {"lr": lr}, "fedmkt": {"clients": [clients]}}
+    config["data"] = {"partition": {"num_clients": 1}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    last: dict[str, object] = {"round": 1, "bytes_up": 1e6, "bytes_down": 2e6, "eval": {"perplexity": llm}}
+    if slm is not None:
+        last["eval_by_client"] = {"c00": {"perplexity": slm}}
+    rows = [{"round": 0, "eval": {"perplexity": 99.0}}, last]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_lr_search_scores_the_models_each_run_trains_and_names_each_rows_best(tmp_path: Path) -> None:
+    """``--lrs``: FedMKT's score is the mean of its LLM's and SLM's, Standalone's its SLM's alone (its LLM
+    does not learn), a Centralized run's its one model's; runs of a row that disagree are named, not
+    chosen; the LLM's lr moves with the SLMs' (a real tiny run on validation); ``--render`` rewrites the
+    .md from the .json alone."""
+    # Prepare: fake runs at two lrs (perplexity: lower is better), one real run (LLM on public set, 0.01)
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    slm = yaml.safe_load(config.read_text())["fedmkt"]["clients"][0]
+    runs, results_dir = tmp_path / "runs" / "fedmkt-tiny", tmp_path / "results"
+    fake = {  # run name -> (LLM, SLM) at lr 0.001, then at 0.01
+        "wic-one-fedmkt": ((10.0, 30.0), (14.0, 20.0)),  # the LLM alone would choose 0.001, the mean 0.01
+        "wic-one-standalone": ((100.0, 25.0), (1.0, 30.0)),  # counting the untrained LLM would choose 0.01
+        "wic-centralized-llm": ((9.0, None), (8.0, None)),
+        f"wic-centralized-{slm}": ((7.0, None), (9.0, None)),
+    }
+    for name, at_lrs in fake.items():
+        for lr, (llm, slm_score) in zip((0.001, 0.01), at_lrs, strict=True):
+            _fake_fedmkt_run(runs / f"lr{lr:g}-{name}-s0", llm, slm_score, lr=lr, clients=slm)
+    _fake_fedmkt_run(runs / "lr0.001-wic-llmpublic-s0", 300.0, lr=0.001, clients=slm)  # 0.01's is real
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--settings", "one", "--rows", "fedmkt", "standalone", "centralized", "llmpublic"]
+    # Execute
+    fedmkt_table.main([*argv, "--lrs", "0.001", "0.01", "--set", "fed.rounds=1"])
+    # Assert
+    saved = yaml.safe_load((runs / "lr0.01-wic-llmpublic-s0" / "config.yaml").read_text())
+    assert saved["data"]["eval_split"] == "validation"
+    assert saved["train"]["lr"] == saved["fedmkt"]["llm_train"]["lr"] == 0.01
+    recorded = json.loads((results_dir / "sweep-lr-fedmkt-tiny.json").read_text())["results"]
+    best = recorded["best_lr"]
+    assert best["wic-one-fedmkt"] == 0.01 and best["wic-one-standalone"] == 0.001
+    assert best["wic-centralized-llm"] == 0.01 and best[f"wic-centralized-{slm}"] == 0.001
+    assert recorded["lr0.01-wic-one-fedmkt"]["score"] == 17.0
+    text = (results_dir / "sweep-lr-fedmkt-tiny.md").read_text()
+    assert "| FedMKT, wic one | 20.00 | 17.00 | 0.01 |" in text
+    assert f"| Centralized ({slm}), wic | 7.00 | 9.00 | 0.001 |" in text
+    assert "perplexity, mean of the models each run trains" in text
+    real = [recorded[f"lr{lr:g}-wic-llmpublic"]["score"] for lr in (0.001, 0.01)]
+    public = 0.001 if real[0] <= real[1] else 0.01
+    assert f"`--row-lr fedmkt=0.01 standalone=0.001 llmpublic={public:g}`" in text
+    assert text.rstrip().endswith("Best lr differs between the runs of: centralized")
+    assert (results_dir / "sweep-lr-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
+    fedmkt_table.main(
+        ["--render", str(results_dir / "sweep-lr-fedmkt-tiny.json"), "--results-dir", str(tmp_path)]
+    )
+    assert (tmp_path / "sweep-lr-fedmkt-tiny.md").read_text() == text
+    with pytest.raises(SystemExit):  # --lrs searches every row: no --row-lr beside it
+        fedmkt_table.main([*argv, "--lrs", "0.001", "--row-lr", "fedmkt=0.01", "--table-only"])
+    with pytest.raises(SystemExit):  # instruct is scored by Rouge-L, wic here by perplexity
+        fedmkt_table.main([*argv, "--lrs", "0.001", "--datasets", "wic", "instruct", "--table-only"])
+
+
+def test_row_lr_trains_every_model_of_a_row_at_its_lr_in_runs_of_its_own(tmp_path: Path) -> None:
+    # Prepare
+    cfg = load_config(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+    own = {"fedmkt": 0.01, "fedavg": 0.003}
+    # Execute
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["homo"], [0], ["train.lr=0.5"], own)
+    # Assert: the row's lr wins over --set, the LLM's moves with it (FedIT has no LLM), the rest as before
+    fedmkt = jobs["wic-homo-fedmkt-lr0.01-s0"]
+    assert fedmkt[-3:] == ["train.lr=0.01", "fedmkt.llm_train.lr=0.01", "seed=0"]
+    assert jobs["wic-homo-fedavg-lr0.003-s0"][-2:] == ["train.lr=0.003", "seed=0"]
+    assert not [
+        o for o in jobs["wic-homo-standalone-s0"] if o.startswith(("train.lr=0.0", "fedmkt.llm_train"))
+    ]
+    assert list(fedmkt_table.pick_rows(jobs, ["fedmkt", "fedavg"])) == [
+        "wic-homo-fedmkt-lr0.01-s0",
+        "wic-homo-fedavg-lr0.003-s0",
+    ]
+    # the table reads the row's runs at its lr, and says so
+    slm = cfg.fedmkt.clients[0]
+    runs = tmp_path / "runs" / "fedmkt-tiny"
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-lr0.01-s0", 5.0, 6.0, lr=0.01, clients=slm)
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-s0", 50.0, 60.0, lr=0.01, clients=slm)  # the config's lr
+    argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--results-dir", str(tmp_path), "--settings", "one", "--table-only", "--set", "fed.rounds=1"]
+    fedmkt_table.main([*argv, "--row-lr", "fedmkt=0.01"])
+    table = (tmp_path / "table-fedmkt-tiny.md").read_text()
+    assert (
+        "Rows at their own lr (the SLMs' train.lr and the LLM's fedmkt.llm_train.lr): FedMKT 0.01;" in table
+    )
+    assert "| FedMKT | 500.0 | 600.0 |" in table  # perplexity x 100, the run at lr 0.01
+    saved = json.loads((tmp_path / "table-fedmkt-tiny.json").read_text())["results"]
+    assert saved["row_lr"] == {"fedmkt": 0.01}
+    fedmkt_table.main(
+        ["--render", str(tmp_path / "table-fedmkt-tiny.json"), "--results-dir", str(tmp_path / "r")]
+    )
+    assert (tmp_path / "r" / "table-fedmkt-tiny.md").read_text() == table

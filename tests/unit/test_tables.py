@@ -334,9 +334,9 @@ def test_the_row_lr_line_names_a_row_whose_settings_disagree_instead_of_choosing
     only_split = search.row_lr_line({"perfit-iid": 0.003, "perfit-dir": 0.01}, lambda key: key.split("-")[0])
     # Assert
     assert line == (
-        "The table at these lrs: `--row-lr fit=0.01`\n\nBest lr differs between settings for: perfit"
+        "The table at these lrs: `--row-lr fit=0.01`\n\nBest lr differs between the runs of: perfit"
     )
-    assert only_split == "Best lr differs between settings for: perfit"
+    assert only_split == "Best lr differs between the runs of: perfit"
 
 
 def test_a_table_names_runs_that_computed_at_different_thread_counts(tmp_path: Path) -> None:
