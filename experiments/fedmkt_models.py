@@ -6,6 +6,7 @@ where a row's run lies (a row at its own lr, ``--row-lr``, has runs of its own).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,20 @@ def run_path(root: Path, name: str, seed: int | str, own: Mapping[str, float] | 
     ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``: row -> lr) gives the run's row its lr."""
     lr = (own or {}).get(row_of(name))
     return root / f"{name if lr is None else f'{name}-lr{lr:g}'}-s{seed}"
+
+
+@dataclass(frozen=True)
+class Runs:
+    """One dataset and setting's runs, as a table reads them: where they lie (``root``, the table's runs
+    directory), the seeds, the dataset's metric, and the rows at their own lr (``own``, ``--row-lr``)."""
+
+    root: Path
+    dataset: str
+    setting: str
+    seeds: list[int]
+    metric: str
+    own: Mapping[str, float] = field(default_factory=dict)
+
+    def path(self, name: str, seed: int | str) -> Path:
+        """The run directory of ``<dataset>-<name>`` for ``seed`` (`run_path`)."""
+        return run_path(self.root, f"{self.dataset}-{name}", seed, self.own)

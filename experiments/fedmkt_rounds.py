@@ -13,28 +13,21 @@ from typing import Any
 import numpy as np
 
 from experiments import plots, tables
-from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, run_path, slms
+from experiments.fedmkt_models import COLOURS, Runs, holders, metric_of, model_scores, slms
 from experiments.tables import layout
 
 SELECTED = {"llm_kd_selected": "LLM", "slm_kd_selected": "SLM (mean)"}
 
 
-def over_rounds(
-    cfg: Any,
-    root: Path,
-    dataset: str,
-    setting: str,
-    seeds: list[int],
-    metric: str,
-    own: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """Round -> column -> seed -> value of the finished FedMKT runs (at their own lr where ``own``,
-    ``--row-lr``, gives the FedMKT row one): the LLM's and each SLM's score, and how many public samples
+def over_rounds(cfg: Any, runs: Runs) -> dict[str, Any]:
+    """Round -> column -> seed -> value of the finished FedMKT runs of ``runs`` (at its own lr where
+    ``runs.own`` gives the FedMKT row one): the LLM's and each SLM's score, and how many public samples
     DualMinCE kept for the LLM's distillation (``llm_kd_selected``) and, the mean over clients, for an
     SLM's (``slm_kd_selected``)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for seed in seeds:
-        run_dir = run_path(root, f"{dataset}-{setting}-fedmkt", seed, own)
+    setting, metric = runs.setting, runs.metric
+    for seed in runs.seeds:
+        run_dir = runs.path(f"{setting}-fedmkt", seed)
         rows = tables.finished_rows(run_dir)
         held = holders(cfg, setting, run_dir) if rows else {}
         for row in rows:
@@ -145,7 +138,8 @@ def write_rounds(
     for dataset in args.datasets:
         for setting in args.settings:
             key = f"{dataset}-{setting}"
-            by_round = over_rounds(cfg, root, dataset, setting, args.seeds, metric_of(cfg, dataset), own)
+            runs = Runs(root, dataset, setting, args.seeds, metric_of(cfg, dataset), own or {})
+            by_round = over_rounds(cfg, runs)
             # a seed is kept whole or not at all: its rounds never mix two runs
             here = {seed for cells in by_round.values() for column in cells.values() for seed in column}
             wanted = [seed for seed in map(str, args.seeds) if seed not in here]

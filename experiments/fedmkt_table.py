@@ -68,7 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import fedmkt_rounds, plots, tables
-from experiments.fedmkt_models import COLOURS, holders, metric_of, model_scores, row_of, run_path, slms
+from experiments.fedmkt_models import COLOURS, Runs, holders, metric_of, model_scores, row_of, run_path, slms
 from experiments.tables import layout, search
 
 DATASETS: dict[str, list[str]] = {
@@ -280,27 +280,17 @@ def fedit_score(run_dir: Path, metric: str) -> float | None:
     return None if row is None else float(row["eval"][metric])
 
 
-def collect(
-    cfg: Any,
-    root: Path,
-    dataset: str,
-    setting: str,
-    seeds: list[int],
-    metric: str,
-    own: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """Row -> column (llm / SLM name / traffic) -> seed -> value, from the finished runs here (a row's
-    runs at its own lr where ``own``, ``--row-lr``, gives it one)."""
+def collect(cfg: Any, runs: Runs) -> dict[str, Any]:
+    """Row -> column (llm / SLM name / traffic) -> seed -> value, from the finished runs of ``runs`` (a
+    row's runs at its own lr where ``runs.own``, ``--row-lr``, gives it one)."""
     table: dict[str, dict[str, dict[str, float]]] = {}
+    setting, metric, at = runs.setting, runs.metric, runs.path
 
     def add(row: str, seed: int, values: dict[str, float] | None) -> None:
         for key, value in (values or {}).items():
             table.setdefault(row, {}).setdefault(key, {})[str(seed)] = value
 
-    def at(name: str, seed: int) -> Path:
-        return run_path(root, f"{dataset}-{name}", seed, own)
-
-    for seed in seeds:
+    for seed in runs.seeds:
         for row, rnd in (("zeroshot", 0), ("fedmkt", None)):
             add(row, seed, scores(cfg, setting, at(f"{setting}-fedmkt", seed), metric, rnd))
         alone = scores(cfg, setting, at(f"{setting}-standalone", seed), metric, None)
@@ -398,7 +388,7 @@ def tabulate(
     for dataset in datasets:
         for setting in chosen:
             key = f"{dataset}-{setting}"
-            table = collect(cfg, root, dataset, setting, seeds, metric_of(cfg, dataset), own)
+            table = collect(cfg, Runs(root, dataset, setting, seeds, metric_of(cfg, dataset), own or {}))
             if earlier is not None:
                 kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
                 if kept:
