@@ -2,6 +2,8 @@
 split (the test split is not read), at one dropout (the first of ``--dropouts``), and each method's own
 best lr, as the paper searched the lr per method. Written to ``sweep-lr-<config name>`` (.md, .json, and
 a plot of the score against the lr); the .md ends with the ``--row-lr`` that runs the table at those lrs.
+With ``--keep-earlier`` a method and lr none of whose runs is here (made elsewhere, or removed) keeps the
+values the previous file recorded, whole, and the file names them.
 
 A method's score at an lr is the mean over seeds of its AdapEmu and AdapFu values of the table's metric
 (a client runs AdapEmu; the paper reports both), higher is better but for perplexity; a tie on the score
@@ -23,6 +25,12 @@ OUTPUTS = ("adapemu", "adapfu")
 
 def sweep_key(lr: float, method: str, dropout: float) -> str:
     return f"lr{lr:g}-{method}-d{dropout}"
+
+
+def kept_label(key: str) -> str:
+    """A `sweep_key`'s method and lr, as the note of the rows ``--keep-earlier`` kept names them."""
+    method = next(m for m in METHODS if f"-{m}-d" in key)
+    return f"{LABELS[method]} at lr {key[2 : key.index(f'-{method}-d')]}"
 
 
 def check_sweepable(parser: Any, cfg: Any) -> None:
@@ -51,11 +59,13 @@ def lr_sweep(args: Any, cfg: Any, base: Path, metric: str, command: str, summari
     }
     runs = tables.plan(base, rows, args.seeds, args.set)
     start(args, runs)
+    stem = args.results_dir / f"sweep-lr-{cfg.name}"
     results: dict[str, Any] = {key: summarise(paths, metric) for key, paths in runs.dirs.items()}
+    kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
     results["best_lr"] = best_lrs(args, results, metric)
     text = sweep_text(cfg, args, results, metric, command)
+    text += tables.kept_rows_note([kept_label(key) for key in kept])
     text += tables.rejected_note(path for paths in runs.dirs.values() for path in paths)
-    stem = args.results_dir / f"sweep-lr-{cfg.name}"
     tables.write_table(stem, text, cfg.name, command, results, args)
     plot_sweep(cfg, args, results, metric, tables.sibling(stem, ".png"))
 

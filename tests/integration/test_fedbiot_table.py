@@ -293,6 +293,28 @@ def test_the_lr_search_scores_each_method_on_validation_and_names_its_best_lr(tm
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_lr_search_keeps_an_lr_whose_runs_are_not_here_with_keep_earlier(tmp_path: Path) -> None:
+    # Prepare: the previous file has FedBiOT at 0.05 (its runs removed since), better than anything here
+    stem = tmp_path / "results" / "sweep-lr-fedbiot-tiny"
+    stem.parent.mkdir(parents=True)
+    cell = {"adapemu/rougeL": 0.5, "adapfu/rougeL": 0.7, "adapemu/perplexity": 3.0, "adapfu/perplexity": 2.0}
+    stem.with_suffix(".json").write_text(
+        json.dumps({"results": {"lr0.05-fedbiot_a2-d0.4": {"seeds": 1, **cell}}})
+    )
+    argv = [*tiny_argv(tmp_path), "--methods", "fedbiot_a2", "--lrs", "0.01", "0.05", "--table-only"]
+    # Execute / Assert: without the flag the write would drop it and is refused; with it, kept and named
+    with pytest.raises(SystemExit, match="this write would drop"):
+        fedbiot_table.main(argv)
+    fedbiot_table.main([*argv, "--keep-earlier"])
+    results = json.loads(stem.with_suffix(".json").read_text())["results"]
+    assert results["lr0.05-fedbiot_a2-d0.4"]["adapfu/rougeL"] == 0.7 and results["best_lr"] == {
+        "fedbiot_a2": 0.05
+    }
+    text = stem.with_suffix(".md").read_text()
+    assert "| FedBiOT (Adapter 2) | - | 50.00 / 70.00 | 0.05 |" in text
+    assert "(no run of theirs here, `--keep-earlier`): FedBiOT (Adapter 2) at lr 0.05." in text
+
+
 def test_best_lr_takes_the_higher_mean_of_both_outputs_then_lower_perplexity() -> None:
     from argparse import Namespace
 
