@@ -93,21 +93,19 @@ def summarise(run_dirs: list[Path], metric: str) -> dict[str, Any]:
     return out
 
 
-def _intervals(
-    present: dict[str, dict[str, float]], method: str, baselines: list[str], seeds: list[str], metric: str
-) -> str:
-    """The paired interval of ``method`` against each baseline on ``seeds`` (``present``: row -> seed ->
-    value of ``metric``)."""
-    ours = {s: present[method][s] for s in seeds}
-    parts = [
-        f"vs {LABELS[m]} "
-        + tables.interval_texts(
-            [{s: present[m][s] for s in seeds}, ours],
+def _intervals(present: dict[str, dict[str, float]], method: str, baselines: list[str], metric: str) -> str:
+    """The paired interval of ``method`` against each baseline, on the seeds the two share (``present``:
+    row -> seed -> value of ``metric``): a baseline run at fewer seeds than the others does not cut every
+    other pair down to its seeds."""
+    parts = []
+    for m in baselines:
+        pair = tables.common_seeds([present[m], present[method]])
+        texts = tables.interval_texts(
+            [{s: present[m][s] for s in pair}, {s: present[method][s] for s in pair}],
             lower_is_better=metric == "perplexity",
             digits=2 if metric == "perplexity" else 4,
-        )[0]
-        for m in baselines
-    ]
+        )
+        parts.append(f"vs {LABELS[m]} {texts[0]}")
     return "by interval: " + "; ".join(parts)
 
 
@@ -148,7 +146,7 @@ def ordering_checks(results: dict[str, dict[str, Any]], metric: str, dropouts: l
                 checks.append(
                     f"d={d}, {name}, {len(seeds)} seed(s): {LABELS[method]} {ours:.4g} vs {numbers}: "
                     f"{verdict}; at least as good as every baseline in {wins} of {len(seeds)} seed(s); "
-                    + _intervals(present, method, compared, seeds, metric)
+                    + _intervals(present, method, compared, metric)
                 )
     return checks
 

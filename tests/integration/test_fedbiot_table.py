@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -392,3 +393,21 @@ def test_the_lm_rows_are_the_baselines_with_their_papers_lm_term() -> None:
         assert b.fedbiot.align_lambda == 0 and b.fed.mode == a.fed.mode
         assert b.fedbiot.model_dump(exclude={"align_lm"}) == a.fedbiot.model_dump(exclude={"align_lm"})
     assert set(fedbiot_rows.ON_DEMAND) <= set(fedbiot_rows.BASELINES)
+
+
+def test_each_interval_uses_the_seeds_the_two_rows_share_not_those_of_every_row() -> None:
+    # Prepare: FedOT (+LM) and FedBiOT at 3 seeds, Offsite-tuning at seed 0 only (kept from an earlier file)
+    def row(*values: float) -> dict[str, Any]:
+        return {"adapfu/perplexity_by_seed": {str(seed): v for seed, v in enumerate(values)}}
+
+    results = {
+        "offsite-d0.2": row(3.1),
+        "fedot_lm-d0.2": row(2.75, 2.50, 2.60),
+        "fedbiot_a2-d0.2": row(2.72, 2.60, 2.65),
+    }
+    # Execute
+    [check] = fedbiot_table.ordering_checks(results, "perplexity", [0.2])
+    # Assert: the means compare on seed 0 (every row has it); FedOT (+LM)'s interval has its 3 seeds
+    assert check.startswith("d=0.2, AdapFu, 1 seed(s): FedBiOT (Adapter 2) 2.72 vs Offsite-tuning 3.1")
+    assert "vs Offsite-tuning one seed (gain 0.38)" in check
+    assert "vs FedOT (+LM) tie (gain -0.04, 95% CI [" in check and "3 seeds)" in check
