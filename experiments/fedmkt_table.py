@@ -204,10 +204,10 @@ def searched(cfg: Any, datasets: list[str], chosen: list[str], rows: list[str]) 
 def trained_score(cfg: Any, name: str, run_dir: Path, metric: str) -> float | None:
     """The mean score of the models run ``name`` trains (see the module docstring), at its last
     evaluation; None until the run has finished with every one of them scored."""
-    rest = name.split("-", 1)[1]  # the name without its dataset
-    if rest == "llmpublic" or rest.startswith("centralized-") or rest.endswith("-fedavg"):
+    row = row_of(name)
+    if row in ("llmpublic", "centralized", "fedavg"):  # one model, the server's
         return fedit_score(run_dir, metric)
-    setting, row = rest.split("-", 1)
+    setting = name.split("-")[1]  # <dataset>-<setting>-<row>
     found = scores(cfg, setting, run_dir, metric, None) or {}
     models = ["llm", *slms(cfg, setting)] if row == "fedmkt" else slms(cfg, setting)
     if not all(model in found for model in models):
