@@ -22,12 +22,12 @@ SLOW_ON_SHARED_BACKENDS = {
     "fedyogi": "FedAdam's rounds but the second-moment update (tests/unit/test_fedopt.py checks it)",
     "fedadagrad": "FedAdam's rounds but the second-moment update (tests/unit/test_fedopt.py checks it)",
     "hetlora": "FlexLoRA's clients and messages (algorithms/hetrank) with its own server maths",
+    "fedadam": "FedIT's client task (algorithms/fedopt/client.py: fit_adapter unchanged) and messages",
 }
 """Methods whose Flower and Ray equality runs (a minute and 10-25 s a method) are in the slow tier only:
 each runs the same client code and messages as a method that stays in the default tier."""
 
 SLOW_ON_FLOWER = {
-    "fedadam": "FedAvgM's client task and messages (FedIT's adapter fit); its Ray run stays",
     "flexlora": "adapters at per-client shapes, as FedMKT's per-client messages; its Ray run stays",
 }
 """Methods whose Flower equality run (1.5-3 minutes on two busy cores) is in the slow tier only: the Flower
