@@ -131,7 +131,8 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
         out |= tables.over_seeds(key, values)
     if carried:
         out["carried_seeds"] = carried
-    out |= tables.runs_lr(run_dirs)
+    # the lr is read off the runs here; a row all of whose seeds are carried keeps the one recorded
+    out |= tables.runs_lr(run_dirs) or ({"lr": earlier["lr"]} if carried and "lr" in earlier else {})
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
         # the row's first seed is carried: so are the facts read off its run (the previous table
         # took them from its own first seed)

@@ -72,9 +72,11 @@ def test_keep_earlier_fills_only_the_seeds_asked_for_whose_runs_are_missing(tmp_
     )
     # the facts of a row come from its first seed: carried here, so they are the earlier ones
     assert result["by_client"] == {"c00": 5.0} and result["mb_up_per_round"] == 8.0
-    only_earlier = perfit_table.summarise(runs[:1], earlier)
+    only_earlier = perfit_table.summarise(runs[:1], earlier | {"lr": 0.01})
     assert only_earlier["seeds"] == 1 and only_earlier["carried_seeds"] == ["0"]
     assert only_earlier["by_client"] == {"c00": 5.0} and only_earlier["mb_up_per_round"] == 8.0
+    # a row none of whose runs is here keeps the lr its values were measured at (no run tells it here)
+    assert only_earlier["lr"] == 0.01
     later = perfit_table.summarise(runs[1:], {f"{perfit_table.METRIC}_by_seed": {"2": 8.0}})
     assert later["carried_seeds"] == ["2"] and later[perfit_table.METRIC] == 9.0
     assert later["mb_up_per_round"] == 3.0 and later["before"] == 20.0  # seed 1's own run
