@@ -307,17 +307,25 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else {}
     results = {key: summarise(paths, earlier.get(key)) for key, paths in runs.dirs.items()}
-    perfit_runs = [p for key, paths in runs.dirs.items() if key.startswith("perfit_s0.5") for p in paths]
-    finished = [p for p in perfit_runs if tables.finished_rows(p)]
     # a run still going may hold no masks yet, and a finished one whose checkpoints (where the masks
     # live) were removed none any more: then the plot on disk is still that of the earlier run
-    masks = mask_plot(finished[0], tables.sibling(stem, "-masks.png")) if finished else {}
+    studied = mask_study_run(runs.dirs, args.partitions[0])
+    masks = mask_plot(studied, tables.sibling(stem, "-masks.png")) if studied else {}
     if masks:
         results["masks"] = masks
     elif "masks" in earlier:
         results["masks"] = earlier["masks"]
     text = table_text(cfg, results, args.partitions, command) + tables.closing_notes(runs.dirs, stem, args)
     tables.write_table(stem, text, cfg.name, command, results, args)
+
+
+def mask_study_run(dirs: dict[str, list[Path]], partition: str) -> Path | None:
+    """The run whose masks the table studies: the first finished PerFIT s = 0.5 run of the table's first
+    partition (the overlap is grouped by the data categories clients share, which that partition fixes);
+    None where it has none here (a partition whose runs are elsewhere keeps its earlier study)."""
+    keys = [key for key in dirs if key.startswith("perfit_s0.5") and key.endswith(f"-{partition}")]
+    finished = [path for key in keys for path in dirs[key] if tables.finished_rows(path)]
+    return finished[0] if finished else None
 
 
 def table_text(cfg: Any, results: dict[str, Any], partitions: list[str], command: str) -> str:

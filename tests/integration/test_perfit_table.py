@@ -209,6 +209,20 @@ def test_row_lr_runs_a_row_at_its_own_lr_and_shows_it(tmp_path: Path) -> None:
         perfit_table.main([*argv, "--lrs", "0.001", "--row-lr", "fit=0.003", "--table-only"])
 
 
+def test_the_mask_study_reads_the_first_partitions_run_only(tmp_path: Path) -> None:
+    # pathological's runs were made elsewhere (kept from the previous table), Dirichlet's are here: the
+    # study of the pathological masks must not be replaced by a Dirichlet run's
+    dirs = {
+        "fit-pathological": [tmp_path / "fit-pathological-s0"],
+        "perfit_s0.5-pathological": [tmp_path / "perfit_s0.5-pathological-s0"],
+        "perfit_s0.5-dirichlet": [_fake_run(tmp_path / "perfit_s0.5-dirichlet-s0", 7.0)],
+    }
+    assert perfit_table.mask_study_run(dirs, "pathological") is None
+    assert perfit_table.mask_study_run(dirs, "dirichlet") == tmp_path / "perfit_s0.5-dirichlet-s0"
+    _fake_run(tmp_path / "perfit_s0.5-pathological-s0", 8.0)
+    assert perfit_table.mask_study_run(dirs, "pathological") == tmp_path / "perfit_s0.5-pathological-s0"
+
+
 def test_a_finished_run_without_checkpoints_keeps_the_earlier_mask_study(tmp_path: Path) -> None:
     # Prepare: a finished PerFIT run whose checkpoints were removed (the masks live only there) and a
     # previous results file that holds its mask study
