@@ -22,6 +22,8 @@ from fedtune.flower.processes import DeploymentError, executable, flower_env
 
 CONNECTION = "fedtune"
 FINISHED = "finished"
+ASK_ATTEMPTS = 3
+ASK_BACKOFF_S = 0.5
 
 
 @dataclass
@@ -77,9 +79,26 @@ class FlowerConnection:
         from flwr.common.serde import run_from_proto
         from flwr.proto.control_pb2 import ListRunsRequest
 
-        response = self._control().ListRuns(ListRunsRequest(run_id=run_id))
+        response = self._ask(lambda control: control.ListRuns(ListRunsRequest(run_id=run_id)))
         run = run_from_proto(response.run_dict[run_id])
         return run.status.status, run.status.sub_status, run.status.details
+
+    def _ask(self, call: Callable[[Any], Any], attempts: int = ASK_ATTEMPTS) -> Any:
+        """``call(control client)``, asked again on a fresh connection where the transport fails (the
+        SuperLink may close a kept-alive connection just as it is reused: "Server disconnected without
+        sending a response"); after ``attempts`` failures a DeploymentError naming the address."""
+        import httpx
+
+        for attempt in range(1, attempts + 1):
+            try:
+                return call(self._control())
+            except httpx.TransportError as error:
+                self.close()
+                if attempt == attempts:
+                    message = f"the SuperLink at {self.address} did not answer ({attempts} tries): {error}"
+                    raise DeploymentError(message) from error
+                time.sleep(ASK_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
 
     def _control(self) -> Any:
         """The Control API client, made once (flwr's CLI helper prints a line; keep it quiet)."""
@@ -102,7 +121,7 @@ class FlowerConnection:
         """How many SuperNodes the SuperLink counts as online now."""
         from flwr.proto.control_pb2 import ListNodesRequest
 
-        response = self._control().ListNodes(ListNodesRequest())
+        response = self._ask(lambda control: control.ListNodes(ListNodesRequest()))
         return sum(1 for node in response.nodes_info if node.status == "online")
 
     def close(self) -> None:
