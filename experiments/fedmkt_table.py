@@ -391,6 +391,9 @@ def tabulate(
             table = collect(cfg, Runs(root, dataset, setting, seeds, metric_of(cfg, dataset), own or {}))
             if earlier is not None:
                 kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
+                for row, kept_seeds in kept.items():
+                    then = {"lr": earlier.get("row_lr", {}).get(row)}
+                    tables.refuse_lr_mix(f"{key}, {LABELS[row]}", then, (own or {}).get(row), kept_seeds)
                 if kept:
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting

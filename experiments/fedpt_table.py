@@ -381,11 +381,16 @@ def main(argv: list[str] | None = None) -> None:
         for model in dict.fromkeys([cfg.model.name, cfg.fedpt.large_model]):
             memory[model] = measure_client(model, args.config, args.set)
     stem = args.results_dir / f"table-{cfg.name}"
-    results = tabulate(cfg, runs, memory, tables.earlier_results(stem) if args.keep_earlier else None)
-    if own:  # the lr each row trained at, as its runs' configs say
-        for m, seed_runs in runs.items():
-            if m in results:
-                results[m] |= tables.runs_lr(seed_runs.values())
+    earlier = tables.earlier_results(stem) if args.keep_earlier else None
+    results = tabulate(cfg, runs, memory, earlier)
+    for m, seed_runs in runs.items():
+        if m not in results:
+            continue
+        # the lr each row trained at, as its runs' configs say (all seeds kept: the one asked for)
+        lr = tables.runs_lr(seed_runs.values()).get("lr") or own.get(m)
+        tables.refuse_lr_mix(LABELS[m], (earlier or {}).get(m, {}), lr, results[m].get("kept_seeds", []))
+        if own and lr is not None:
+            results[m]["lr"] = lr
     command = tables.command_line(__file__, argv)
     text = markdown(cfg, results, command)
     text += tables.closing_notes({m: seed_runs.values() for m, seed_runs in runs.items()}, stem, args)

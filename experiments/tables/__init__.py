@@ -9,7 +9,8 @@ this package does the rest, one module a concern:
   interval and its verdict; `claim_text`, the intervals of a claim's adjacent rows as the
   line stating it reads them);
 - `keep`: keeping earlier results (`fill_seeds`, the one way a seed is kept; `keep_earlier_rows`;
-  `write_table`, which refuses to drop a recorded value);
+  `refuse_lr_mix`, which refuses seeds measured at another lr; `write_table`, which refuses to drop a
+  recorded value);
 - `notes`: what closes a table's .md (`closing_notes`: what was kept, the replies servers rejected);
 - `render`: ``--render RESULTS_JSON`` rewrites a table's ``.md`` from its ``.json`` alone;
 - `layout`: a table's markdown columns, declared (`layout.Column`, `layout.table`).
@@ -29,6 +30,7 @@ from experiments.tables.keep import (
     fill_seeds,
     keep_earlier_rows,
     keep_earlier_seeds,
+    refuse_lr_mix,
     seed_slice,
     write_table,
 )
@@ -46,6 +48,7 @@ from experiments.tables.render import Recorded, Renderer, render, stamp_of
 from experiments.tables.runs import (
     RESULTS_DIR,
     Plan,
+    asked_lr,
     at_own_lr,
     finals,
     finished_rows,
@@ -92,6 +95,7 @@ __all__ = [
     "Recorded",
     "Renderer",
     "Verdict",
+    "asked_lr",
     "at_own_lr",
     "carried_seeds",
     "cell",
@@ -126,6 +130,7 @@ __all__ = [
     "plan",
     "plus_minus",
     "read_rows",
+    "refuse_lr_mix",
     "rejected_note",
     "rejected_replies",
     "render",

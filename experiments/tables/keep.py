@@ -158,6 +158,8 @@ def keep_earlier_seeds(
         before = earlier.get(key, {})
         if key in skipped or not result.get("seeds") or not isinstance(before, dict):
             continue
+        elsewhere = _seeds_of(before) - _seeds_of(result)
+        refuse_lr_mix(key, before, result.get("lr"), [seed for seed in asked if seed in elsewhere])
         taken: set[str] = set()
         for name, values in before.items():
             if not name.endswith("_by_seed") or not isinstance(values, dict):
@@ -172,6 +174,29 @@ def keep_earlier_seeds(
             result["seeds"] = len(everyone)
             kept[key] = sorted(taken, key=int)
     return kept
+
+
+def _seeds_of(entry: Mapping[str, Any]) -> set[str]:
+    """The seeds any per-seed value (``<key>_by_seed``) of a results entry has."""
+    return {
+        seed
+        for name, by_seed in entry.items()
+        if name.endswith("_by_seed") and isinstance(by_seed, dict)
+        for seed in by_seed
+    }
+
+
+def refuse_lr_mix(row: str, earlier: Mapping[str, Any], lr: float | None, seeds: Iterable[str]) -> None:
+    """Refuse carrying ``seeds`` from ``earlier`` (a row's entry in the previous results file) into the row
+    now at ``lr`` when that file measured them at another lr: the row's mean would mix two lrs under one lr
+    cell. Nothing to refuse where no seed is carried or either side records no lr."""
+    carried, before = list(seeds), earlier.get("lr")
+    if carried and lr is not None and before is not None and not np.isclose(float(before), lr):
+        was = f"{float(before):g}"
+        raise SystemExit(
+            f"{row}: --keep-earlier would carry seeds {', '.join(carried)}, measured at lr {was}, into the "
+            f"row now at lr {lr:g}; run those seeds here at lr {lr:g}, or ask for the row at lr {was}"
+        )
 
 
 def carried_seeds(earlier: dict[str, Any], key: str, wanted: Iterable[str], done: Iterable[str]) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -215,6 +216,13 @@ def at_own_lr(
 def lr_stem(key: str, lr: float) -> str:
     """The stem of a row's runs at its own lr: ``<key>-lr<lr>``."""
     return f"{key}-lr{lr:g}"
+
+
+def asked_lr(run_dirs: Iterable[Path]) -> float | None:
+    """The lr a row's runs are asked at where their directories say it (`lr_stem` then ``-s<seed>``);
+    None where they name none (the config's lr) or disagree."""
+    lrs = {match.group(1) for d in run_dirs if (match := re.search(r"-lr(\d[\d.e+-]*)-s\d+$", Path(d).name))}
+    return float(lrs.pop()) if len(lrs) == 1 else None
 
 
 def lr_override(lr: float) -> str:

@@ -87,6 +87,24 @@ def test_keep_earlier_fills_cell_by_cell_only_the_seeds_asked_for() -> None:
     assert carried == {"fedmkt": ["0"]}
 
 
+def test_keep_earlier_refuses_a_rows_seeds_measured_at_another_lr(tmp_path: Path) -> None:
+    """A row asked at lr 2e-4 (``--row-lr``) whose seed the previous file measured at 1e-4: refused,
+    naming the setting, the row and both lrs; at the recorded lr the seed is kept."""
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    earlier = {"wic-one": {"fedmkt": {"llm": {"0": 0.5}}}, "row_lr": {"fedmkt": 1e-4}}
+    (results_dir / "table-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--settings", "one", "--seeds", "0", "--table-only", "--keep-earlier"]
+    with pytest.raises(
+        SystemExit, match=r"wic-one, FedMKT: .*seeds 0, measured at lr 0\.0001, .* lr 0\.0002\b"
+    ):
+        fedmkt_table.main([*argv, "--row-lr", "fedmkt=2e-4"])
+    fedmkt_table.main([*argv, "--row-lr", "fedmkt=1e-4"])
+    assert "| FedMKT | 50.0 |" in (results_dir / "table-fedmkt-tiny.md").read_text()
+
+
 def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
     table = {
         "zeroshot": {"s": {"0": 0.50, "1": 0.50}, "llm": {"0": 0.4, "1": 0.4}},

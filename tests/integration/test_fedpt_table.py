@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from experiments import fedpt_rows, fedpt_table
 
@@ -137,6 +138,25 @@ def test_keep_earlier_takes_a_missing_seed_from_the_previous_results_and_names_i
         assert "(runs not here, `--keep-earlier`): Base (large) seed 0; FedAvg (large) seed 0." in text
     # without it the missing seed is left out, as before
     assert fedpt_table.tabulate(cfg, runs, {})["fedavg_large"]["training_seeds"] == ["1"]
+
+
+def test_keep_earlier_refuses_a_seed_measured_at_another_lr(tmp_path: Path) -> None:
+    """FedAvg (large) asked at lr 0.01 whose seed 0 the previous file measured at 0.001 (no run here):
+    refused, naming the row and both lrs; at the recorded lr the seed is kept and the row shows it."""
+    config = ROOT / "configs" / "test" / "fedpt-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    kept = {"eval": {"rougeL": 0.5}, "training_seeds": ["0"], "total_mb": 1.0, "lr": 0.001}
+    (results_dir / "table-fedpt-tiny.json").write_text(json.dumps({"results": {"fedavg_large": kept}}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--methods", "fedavg_large", "--seeds", "0", "--table-only", "--no-memory", "--keep-earlier"]
+    with pytest.raises(
+        SystemExit, match=r"FedAvg \(large\): .*seeds 0, measured at lr 0\.001, .* lr 0\.01\b"
+    ):
+        fedpt_table.main([*argv, "--row-lr", "fedavg_large=0.01"])
+    fedpt_table.main([*argv, "--row-lr", "fedavg_large=0.001"])
+    row = json.loads((results_dir / "table-fedpt-tiny.json").read_text())["results"]["fedavg_large"]
+    assert row["kept_seeds"] == ["0"] and row["lr"] == 0.001
 
 
 def test_a_table_of_one_method_has_no_empty_ordering_note() -> None:

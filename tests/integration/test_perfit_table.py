@@ -82,6 +82,22 @@ def test_keep_earlier_fills_only_the_seeds_asked_for_whose_runs_are_missing(tmp_
     assert later["mb_up_per_round"] == 3.0 and later["before"] == 20.0  # seed 1's own run
 
 
+def test_keep_earlier_refuses_to_carry_seeds_measured_at_another_lr(tmp_path: Path) -> None:
+    """A row asked at its own lr (run directories ``<key>-lr<lr>-s<seed>``) cannot take seeds the previous
+    file measured at another lr: refused, naming the row and both lrs, whether or not a run is here."""
+    runs = [tmp_path / f"perfit_s0.5-pathological-lr0.01-s{seed}" for seed in (0, 1)]
+    earlier = {f"{perfit_table.METRIC}_by_seed": {"0": 12.0}, "lr": 0.001}
+    with pytest.raises(
+        SystemExit, match=r"perfit_s0\.5-pathological: .*seeds 0, measured at lr 0\.001, .* lr 0\.01\b"
+    ):
+        perfit_table.summarise(runs, earlier)  # no run here: the asked lr is the directories'
+    _fake_run(runs[1], 10.0, lr=0.01)
+    with pytest.raises(SystemExit, match=r"lr 0\.001"):
+        perfit_table.summarise(runs, earlier)
+    same = perfit_table.summarise(runs, earlier | {"lr": 0.01})
+    assert same["carried_seeds"] == ["0"] and same["lr"] == 0.01
+
+
 def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
     config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
     results_dir = tmp_path / "results"

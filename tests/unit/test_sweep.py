@@ -175,6 +175,25 @@ def test_keep_earlier_rows_keeps_only_rows_the_previous_file_had_results_for(tmp
     assert results == {"a": earlier["a"], "b": {"seeds": 0}, "c": {"seeds": 1}}
 
 
+def test_keep_earlier_seeds_refuses_seeds_measured_at_another_lr(tmp_path: Path) -> None:
+    """A row now trained at lr 0.01 whose missing seeds the previous file measured at 0.001: the mean
+    would mix two lrs under one lr cell, so the merge is refused, naming the row and both lrs; at the
+    same lr (or where either side records none) the seeds are kept."""
+    earlier = {"a": {"lr": 0.001, "x_by_seed": {"0": 3.0, "1": 5.0}, "seeds": 2}}
+    (tmp_path / "table-x.json").write_text(json.dumps({"results": earlier}))
+
+    def here(lr: float | None) -> dict[str, dict[str, object]]:
+        row: dict[str, object] = {"x_by_seed": {"2": 6.0}, "seeds": 1}
+        return {"a": row if lr is None else row | {"lr": lr}}
+
+    with pytest.raises(SystemExit, match=r"a: .*seeds 0, 1, measured at lr 0\.001, .* lr 0\.01\b"):
+        tables.keep_earlier_seeds(here(0.01), tmp_path / "table-x", [0, 1, 2])
+    for lr in (0.001, None):
+        results = here(lr)
+        assert tables.keep_earlier_seeds(results, tmp_path / "table-x", [0, 1, 2]) == {"a": ["0", "1"]}
+        assert results["a"]["x_by_seed"] == {"0": 3.0, "1": 5.0, "2": 6.0}
+
+
 def test_a_table_is_not_rewritten_without_values_its_previous_file_has(tmp_path: Path) -> None:
     """Rewriting a table from fewer runs than its previous write (the others made elsewhere, no
     ``--keep-earlier``) would drop their values: refused, naming the file and what would go, and the files
