@@ -57,7 +57,6 @@ one; where their best lrs differ the search says so instead of giving one ``--ro
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -183,8 +182,7 @@ def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str
     """The runs of ``jobs`` (run directory name -> overrides, from `planned`) that make ``rows``."""
 
     def row(name: str) -> str:
-        stem = re.sub(r"-lr[0-9.e+-]+$", "", name.rsplit("-s", 1)[0])  # a row at its own lr
-        return row_of(stem)
+        return row_of(tables.run_name_parts(name)[0])  # a row at its own lr too
 
     return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
 

@@ -123,8 +123,8 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     wanted = [tables.seed_of(d) for d in run_dirs]
     carried = tables.carried_seeds(earlier, METRIC, wanted, finals)
     here = tables.runs_lr(run_dirs).get("lr") or tables.asked_lr(run_dirs)
-    if run_dirs:  # the row's key: its runs' directory name less the seed
-        tables.refuse_lr_mix(run_dirs[0].name.rsplit("-lr", 1)[0].rsplit("-s", 1)[0], earlier, here, carried)
+    if run_dirs:
+        tables.refuse_lr_mix(tables.run_name_parts(run_dirs[0].name)[0], earlier, here, carried)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
     if not out["seeds"]:
         return out

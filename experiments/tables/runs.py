@@ -218,11 +218,24 @@ def lr_stem(key: str, lr: float) -> str:
     return f"{key}-lr{lr:g}"
 
 
+# a seed's run directory: ``<key>-s<seed>``, or ``<key>-lr<lr>-s<seed>`` at the row's own lr (`lr_stem`)
+SEED_RUN = re.compile(r"(?P<key>.+?)(?:-lr(?P<lr>\d[\d.e+-]*))?-s(?P<seed>\d+)")
+
+
+def run_name_parts(name: str) -> tuple[str, float | None]:
+    """A seed's run directory name's key and the lr it names (None: the config's lr); a name that is
+    no seed's run is all key."""
+    match = SEED_RUN.fullmatch(name)
+    if match is None:
+        return name, None
+    return match["key"], None if match["lr"] is None else float(match["lr"])
+
+
 def asked_lr(run_dirs: Iterable[Path]) -> float | None:
     """The lr a row's runs are asked at where their directories say it (`lr_stem` then ``-s<seed>``);
     None where they name none (the config's lr) or disagree."""
-    lrs = {match.group(1) for d in run_dirs if (match := re.search(r"-lr(\d[\d.e+-]*)-s\d+$", Path(d).name))}
-    return float(lrs.pop()) if len(lrs) == 1 else None
+    lrs = {run_name_parts(Path(d).name)[1] for d in run_dirs}
+    return lrs.pop() if len(lrs) == 1 else None
 
 
 def lr_override(lr: float) -> str:

@@ -175,6 +175,18 @@ def test_keep_earlier_rows_keeps_only_rows_the_previous_file_had_results_for(tmp
     assert results == {"a": earlier["a"], "b": {"seeds": 0}, "c": {"seeds": 1}}
 
 
+def test_a_seed_runs_name_gives_its_row_key_and_the_lr_it_names() -> None:
+    assert tables.run_name_parts("wic-one-fedmkt-s0") == ("wic-one-fedmkt", None)
+    assert tables.run_name_parts(tables.lr_stem("perfit_s0.5-pathological", 1e-5) + "-s12") == (
+        "perfit_s0.5-pathological",
+        1e-5,
+    )
+    assert tables.run_name_parts("fedot-d0.5-lr0.01-s2") == ("fedot-d0.5", 0.01)
+    assert tables.run_name_parts("unfinished") == ("unfinished", None)
+    runs = [Path("a-lr0.01-s0"), Path("a-lr0.01-s1")]
+    assert tables.asked_lr(runs) == 0.01 and tables.asked_lr([*runs, Path("a-s2")]) is None
+
+
 def test_keep_earlier_seeds_refuses_seeds_measured_at_another_lr(tmp_path: Path) -> None:
     """A row now trained at lr 0.01 whose missing seeds the previous file measured at 0.001: the mean
     would mix two lrs under one lr cell, so the merge is refused, naming the row and both lrs; at the
