@@ -73,19 +73,38 @@ def finish_grid(
         ax.set_ylabel(ylabel)
     handles, labels = axes[0].get_legend_handles_labels()
     ncols = max(1, len(labels) if len(axes) > 1 else min(2, len(labels)))  # one panel: two a line, to fit
-    figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
+    legend_under(figure, handles, labels, ncols)
     suptitle(figure, title)
     return save_figure(figure, path)
+
+
+def legend_under(figure: Any, handles: Sequence[Any], labels: Sequence[str], ncols: int) -> None:
+    """One legend under the panels, ``ncols`` entries a line where that fits the figure's width, else one a
+    line, widening the figure where even that is wider than it: long row names are never cut at the
+    edges."""
+    legend = figure.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False)
+    if ncols > 1 and _width_needed(figure, legend) > figure.get_figwidth():
+        legend.remove()
+        legend = figure.legend(handles, labels, loc="outside lower center", ncols=1, frameon=False)
+    needed = _width_needed(figure, legend)
+    if needed > figure.get_figwidth():
+        figure.set_figwidth(needed)
+
+
+def _width_needed(figure: Any, artist: Any) -> float:
+    """The width in inches ``artist`` takes in ``figure``, with a margin."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    return float(artist.get_window_extent(renderer=renderer).width / figure.dpi + 0.3)
 
 
 def suptitle(figure: Any, text: str, fontsize: float | None = 10) -> None:
     """Title ``figure`` with ``text``, widening the figure where the title is wider than it (one narrow
     panel under a long title), so the title is never cut at the edges. ``fontsize`` None: matplotlib's."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     title = figure.suptitle(text) if fontsize is None else figure.suptitle(text, fontsize=fontsize)
-    renderer = FigureCanvasAgg(figure).get_renderer()
-    needed = title.get_window_extent(renderer=renderer).width / figure.dpi + 0.3  # inches, with a margin
+    needed = _width_needed(figure, title)
     if needed > figure.get_figwidth():
         figure.set_figwidth(needed)
 
@@ -147,6 +166,6 @@ def seed_panels(
         ax.set_ylabel(ylabel)
     if not legend_in_panels:
         handles, labels = axes[0].get_legend_handles_labels()
-        figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+        legend_under(figure, handles, labels, ncols=2)
     suptitle(figure, title)
     return save_figure(figure, path)
