@@ -122,7 +122,8 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     earlier = earlier or {}
     wanted = [tables.seed_of(d) for d in run_dirs]
     carried = tables.carried_seeds(earlier, METRIC, wanted, finals)
-    here = tables.runs_lr(run_dirs).get("lr") or tables.asked_lr(run_dirs)
+    from_runs = tables.runs_lr(run_dirs)  # read once: it checks the carried seeds and names the row's lr
+    here = from_runs.get("lr") or tables.asked_lr(run_dirs)
     if run_dirs:
         tables.refuse_lr_mix(tables.run_name_parts(run_dirs[0].name)[0], earlier, here, carried)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
@@ -135,7 +136,7 @@ def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> di
     if carried:
         out["carried_seeds"] = carried
     # the lr is read off the runs here; a row all of whose seeds are carried keeps the one recorded
-    out |= tables.runs_lr(run_dirs) or ({"lr": earlier["lr"]} if carried and "lr" in earlier else {})
+    out |= from_runs or ({"lr": earlier["lr"]} if carried and "lr" in earlier else {})
     if not finals or (carried and min(map(int, carried)) < min(map(int, finals))):
         # the row's first seed is carried: so are the facts read off its run (the previous table
         # took them from its own first seed)

@@ -102,7 +102,6 @@ def _width_needed(figure: Any, artist: Any) -> float:
 def suptitle(figure: Any, text: str, fontsize: float | None = 10) -> None:
     """Title ``figure`` with ``text``, widening the figure where the title is wider than it (one narrow
     panel under a long title), so the title is never cut at the edges. ``fontsize`` None: matplotlib's."""
-
     title = figure.suptitle(text) if fontsize is None else figure.suptitle(text, fontsize=fontsize)
     needed = _width_needed(figure, title)
     if needed > figure.get_figwidth():
