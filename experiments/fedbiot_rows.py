@@ -57,11 +57,13 @@ def primary_metric(cfg: Any) -> str:
 
 
 def start(args: Any, runs: tables.Plan) -> None:
-    """Run ``runs`` one after another (a run takes every core), unless ``--table-only``: runs that differ
-    only in what the initial emulator distillation does not depend on (method rows sharing a split, eps,
-    seeds of other steps) share it through a cache beside them."""
-    if args.table_only:
-        return
-    for run_dir, overrides in runs.runs.items():
-        shared = f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}"
-        tables.run(args.config, [shared, *overrides], run_dir, threads=None)
+    """Run ``runs``, ``--jobs`` at a time (one thread each; one job alone takes every core), unless
+    ``--table-only``: runs that differ only in what the initial emulator distillation does not depend on
+    (method rows sharing a split, eps, seeds of other steps) share it through a cache beside them, and
+    of those started together one distils while the others wait for it."""
+    jobs = int(getattr(args, "jobs", 1))
+    shared = {
+        run_dir: [f"fedbiot.init_cache={run_dir.parent / 'emulator-init'}", *overrides]
+        for run_dir, overrides in runs.runs.items()
+    }
+    tables.start(args, shared, jobs=jobs, threads=None if jobs == 1 else 1)

@@ -1,7 +1,7 @@
 """FedBiOT's Tables 1-3 at small scale: Offsite-tuning, FedOT and FedBiOT side by side on one task.
 
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml             # run what is missing
-    python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --seeds 0 1 2 --dropouts 0.2
+    python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --seeds 0 1 2 --dropouts 0.2 --jobs 2
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --ablation  # Appendix C: lambda, eps
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --table-only
     python experiments/fedbiot_table.py configs/paper/fedbiot-math.yaml --init-sweep 30 100 300 500
@@ -36,7 +36,8 @@ merged seeds), and the table names those seeds (the trajectory keeps whole rows 
 the dropout, an ablation's key, I_0): ``--set fedbiot.align_steps=10`` sets FedBiOT's E and leaves
 Offsite-tuning's and FedOT's fixed emulator fixed.
 Every run is a subprocess (``python -m fedtune run``, its output in ``<run dir>.log``): a crash loses
-only that run; rerunning resumes unfinished runs and skips finished ones.
+only that run; rerunning resumes unfinished runs and skips finished ones. ``--jobs N`` runs N at once, one
+thread each (``--jobs 2`` on two cores); runs sharing an initial distillation wait for the first to save it.
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = tables.table_parser(__doc__, jobs=False, keep_earlier=True)
+    parser = tables.table_parser(__doc__, keep_earlier=True)
     default_methods = [m for m in METHODS if m not in ON_DEMAND]
     parser.add_argument("--methods", nargs="+", default=default_methods, choices=list(METHODS))
     parser.add_argument(

@@ -67,3 +67,16 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+@contextlib.contextmanager
+def waiting_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created if missing), waiting for it while another
+    process or thread holds it; as `run_dir_lock`, a holder that dies releases it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -273,6 +273,47 @@ def test_initial_distillation_is_shared_through_init_cache(
     assert len(list((tmp_path / "shared").iterdir())) == 2
 
 
+def test_runs_started_together_distil_a_shared_init_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs with one ``init_cache`` started at once (a table's ``--jobs``): the second waits for the
+    first's initial distillation and loads it, instead of both distilling the same emulator."""
+    import threading
+    import time
+
+    import fedtune.algorithms.fedbiot.server as fedbiot
+
+    calls: list[int] = []
+    align = fedbiot.align_emulator
+    both_started = threading.Barrier(2, timeout=60)
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[3]))
+        time.sleep(1.0)  # wide enough for the other run to reach the cache while this one distils
+        return align(*args, **kwargs)
+
+    monkeypatch.setattr(fedbiot, "align_emulator", slow)
+    shared = f"fedbiot.init_cache={tmp_path / 'shared'}"
+    errors: list[BaseException] = []
+
+    def build(name: str) -> None:
+        try:
+            both_started.wait()
+            _built(tiny_config("fedbiot", shared), tmp_path / name)
+        except BaseException as error:  # reported by the assert below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=build, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert len(calls) == 1, "both runs distilled the same initial emulator"
+    for name in ("a", "b"):
+        assert (tmp_path / name / "fedbiot" / "emulator-init.npz").is_file()
+
+
 def test_client_model_is_placed_on_model_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import fedtune.algorithms.fedbiot.client as fedbiot
 

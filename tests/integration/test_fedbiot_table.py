@@ -356,6 +356,34 @@ def test_row_lr_runs_a_method_at_its_own_lr_and_the_table_says_which(tmp_path: P
     assert "| FedBiOT (Adapter 2) | 0.02 |" in table and f"| FedOT | {other:g} |" in table
 
 
+def test_jobs_start_runs_together_one_thread_each_sharing_the_initial_distillation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.tables import runs as table_runs
+
+    started: list[tuple[str, int | None, list[str]]] = []
+    at_once: list[int] = []
+
+    def pool(config: Path, runs: Any, *, jobs: int = 1, threads: int | None = 1) -> None:
+        at_once.append(jobs)
+        started.extend((run_dir.name, threads, list(overrides)) for run_dir, overrides in runs.items())
+
+    monkeypatch.setattr(table_runs, "run_all", pool)
+    argv = [*tiny_argv(tmp_path), "--methods", "fedot", "fedbiot_a2"]
+    fedbiot_table.main([*argv, "--jobs", "2"])
+    cache = f"fedbiot.init_cache={tmp_path / 'runs' / 'fedbiot-tiny' / 'emulator-init'}"
+    assert at_once == [2]
+    assert [(name, threads) for name, threads, _ in started] == [
+        ("fedot-d0.4-s0", 1),
+        ("fedbiot_a2-d0.4-s0", 1),
+    ]
+    assert all(cache in overrides for _, _, overrides in started)
+    # One job alone keeps every core (the threads the environment gives it).
+    started.clear()
+    fedbiot_table.main(argv)
+    assert at_once == [2, 1] and {threads for _, threads, _ in started} == {None}
+
+
 @pytest.mark.parametrize(
     ("entry", "problem"), [("fedot", "give ROW=LR"), ("nope=0.1", "unknown row 'nope'"), ("fedot=-1", "> 0")]
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -53,6 +54,7 @@ from fedtune.models.surgery import (
     num_decoder_layers,
     set_trainable,
 )
+from fedtune.rundir import waiting_lock
 from fedtune.train.optim import optimizer_state_from_tree, optimizer_state_to_tree
 from fedtune.units import BYTES_PER_MB
 
@@ -152,12 +154,21 @@ class FedBiOT(Algorithm[FedBiOTConfig]):
         With ``init_cache`` set, the result is also kept there under its settings' fingerprint, and
         a run with the same settings loads it instead of distilling again.
         """
-        full, emulator, split = self.models
         section = self.section
         digest = hashlib.sha256(json.dumps(init_fingerprint(self.cfg), sort_keys=True).encode()).hexdigest()
         places = [own]
         if section.init_cache:
             places.append(Path(section.init_cache).expanduser() / digest[:24])
+        # Runs sharing the cache may start together (a table's --jobs): the first to take the entry's
+        # lock distils, the others wait and load what it saved.
+        guard = waiting_lock(places[-1] / "init.lock") if section.init_cache else contextlib.nullcontext()
+        with guard:
+            return self._distil_or_load(places, digest)
+
+    def _distil_or_load(self, places: list[Path], digest: str) -> AlignStats:
+        """The initial emulator from the first of ``places`` holding it, else distilled and saved to all."""
+        full, emulator, split = self.models
+        section = self.section
         cached = _load_cached_init(places, digest, emulator, split)
         if cached is not None:
             return cached
