@@ -388,7 +388,9 @@ def main(argv: list[str] | None = None) -> None:
             continue
         # the lr each row trained at, as its runs' configs say (all seeds kept: the one asked for)
         lr = tables.runs_lr(seed_runs.values()).get("lr") or own.get(m)
-        tables.refuse_lr_mix(LABELS[m], (earlier or {}).get(m, {}), lr, results[m].get("kept_seeds", []))
+        kept = results[m].get("kept_seeds", [])
+        # a row without --row-lr trains at the config's lr
+        tables.refuse_lr_mix(LABELS[m], (earlier or {}).get(m, {}), lr or cfg.train.lr, kept)
         if own and lr is not None:
             results[m]["lr"] = lr
     command = tables.command_line(__file__, argv)

@@ -112,18 +112,22 @@ def label_of(key: str) -> str:
     return f"{LABELS[row]}, {part}"
 
 
-def summarise(run_dirs: list[Path], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarise(
+    run_dirs: list[Path], earlier: dict[str, Any] | None = None, config_lr: float | None = None
+) -> dict[str, Any]:
     """Final personalised perplexity over seeds; per-client values and traffic of the smallest seed.
 
     With ``earlier`` (this row's entry in the table's previous results file), a seed asked for whose
-    run is not here keeps the value that file recorded for it; ``carried_seeds`` lists those seeds.
+    run is not here keeps the value that file recorded for it; ``carried_seeds`` lists those seeds,
+    refused where that file measured them at another lr than the row's now (its runs', else the one its
+    directories name, else ``config_lr``: a row without ``--row-lr`` trains at the config's lr).
     """
     finals = tables.finals(run_dirs, METRIC)
     earlier = earlier or {}
     wanted = [tables.seed_of(d) for d in run_dirs]
     carried = tables.carried_seeds(earlier, METRIC, wanted, finals)
     from_runs = tables.runs_lr(run_dirs)  # read once: it checks the carried seeds and names the row's lr
-    here = from_runs.get("lr") or tables.asked_lr(run_dirs)
+    here = from_runs.get("lr") or tables.asked_lr(run_dirs) or config_lr
     if run_dirs:
         tables.refuse_lr_mix(tables.run_name_parts(run_dirs[0].name)[0], earlier, here, carried)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     tables.start(args, runs.runs)
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else {}
-    results = {key: summarise(paths, earlier.get(key)) for key, paths in runs.dirs.items()}
+    results = {key: summarise(paths, earlier.get(key), cfg.train.lr) for key, paths in runs.dirs.items()}
     # a run still going may hold no masks yet, and a finished one whose checkpoints (where the masks
     # live) were removed none any more: then the plot on disk is still that of the earlier run
     studied = mask_study_run(runs.dirs, args.partitions[0])

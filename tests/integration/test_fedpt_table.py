@@ -9,6 +9,7 @@ import pytest
 import yaml
 from experiments import fedpt_rows, fedpt_table
 
+from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
 
@@ -157,6 +158,11 @@ def test_keep_earlier_refuses_a_seed_measured_at_another_lr(tmp_path: Path) -> N
     fedpt_table.main([*argv, "--row-lr", "fedavg_large=0.001"])
     row = json.loads((results_dir / "table-fedpt-tiny.json").read_text())["results"]["fedavg_large"]
     assert row["kept_seeds"] == ["0"] and row["lr"] == 0.001
+    # Without --row-lr the row trains at the config's lr: the seed measured at 0.001 cannot join it.
+    config_lr = load_config(config).train.lr
+    assert config_lr != 0.001
+    with pytest.raises(SystemExit, match=rf"measured at lr 0\.001, into the row now at lr {config_lr:g}"):
+        fedpt_table.main(argv)
 
 
 def test_a_table_of_one_method_has_no_empty_ordering_note() -> None:

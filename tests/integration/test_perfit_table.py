@@ -9,6 +9,7 @@ import pytest
 import yaml
 from experiments import perfit_masks, perfit_table
 
+from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
 
@@ -96,6 +97,25 @@ def test_keep_earlier_refuses_to_carry_seeds_measured_at_another_lr(tmp_path: Pa
         perfit_table.summarise(runs, earlier)
     same = perfit_table.summarise(runs, earlier | {"lr": 0.01})
     assert same["carried_seeds"] == ["0"] and same["lr"] == 0.01
+
+
+def test_keep_earlier_refuses_seeds_at_a_tuned_lr_for_a_row_now_at_the_configs_lr(tmp_path: Path) -> None:
+    """A row asked without ``--row-lr`` trains at the config's lr: seeds the previous file measured at a
+    row's own lr cannot join it, even with no run here to read the lr from."""
+    config = ROOT / "configs" / "test" / "perfit-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    key = "perfit_s0.5-pathological"
+    earlier = {key: {f"{perfit_table.METRIC}_by_seed": {"0": 12.0}, "lr": 0.5, "before": 20.0}}
+    earlier[key] |= {"mb_up_per_round": 1.0, "mb_down_per_round": 1.0}
+    (results_dir / "table-perfit-tiny.json").write_text(json.dumps({"results": {**earlier, "masks": {}}}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--rows", "perfit_s0.5", "--seeds", "0", "--table-only", "--keep-earlier"]
+    config_lr = load_config(config).train.lr
+    refused = rf"seeds 0, measured at lr 0\.5, into the row now at lr {config_lr:g}"
+    with pytest.raises(SystemExit, match=refused):
+        perfit_table.main(argv)
+    assert json.loads((results_dir / "table-perfit-tiny.json").read_text())["results"][key]["lr"] == 0.5
 
 
 def test_keep_earlier_names_the_kept_seeds_in_the_table(tmp_path: Path) -> None:
