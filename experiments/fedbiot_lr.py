@@ -173,5 +173,13 @@ def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: 
     title = f"{cfg.name}: {cfg.model.name}, lr search at dropout {dropout} (validation)"
     ylabel = f"validation {metric}{'' if metric == 'perplexity' else ' (x 100)'}"
     return plots.finish_grid(
-        figure, axes, first, xlabel="lr", ylabel=ylabel, title=title, path=path, log_x=True
+        figure,
+        axes,
+        first,
+        xlabel="lr",
+        ylabel=ylabel,
+        title=title,
+        path=path,
+        log_x=True,
+        log_y=metric == "perplexity",  # a diverged lr's thousands would flatten every other point
     )

@@ -61,12 +61,17 @@ def finish_grid(
     title: str,
     path: Path,
     log_x: bool = False,
+    log_y: bool = False,
 ) -> Path:
-    """Finish a `panel_grid` of curves (against a log x axis with ``log_x``): axis labels, grid, one
-    legend under the panels (from the first), the title; save to ``path``."""
+    """Finish a `panel_grid` of curves (against a log x axis with ``log_x``, labelled at the x values the
+    curves have; a log y axis with ``log_y``): axis labels, grid, one legend under the panels (from the
+    first), the title; save to ``path``."""
     for ax in axes:
         if log_x:
             ax.set_xscale("log")
+            label_at_points(ax)
+        if log_y:
+            ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
     for ax in first:
@@ -76,6 +81,17 @@ def finish_grid(
     legend_under(figure, handles, labels, ncols)
     suptitle(figure, title)
     return save_figure(figure, path)
+
+
+def label_at_points(ax: Any) -> None:
+    """Tick and label a log x axis at the x values its curves have (the lrs or alphas searched) and at no
+    others: over less than two decades matplotlib also labels the minor ticks, and the labels overlap."""
+    from matplotlib.ticker import NullLocator
+
+    points = sorted({float(x) for line in ax.get_lines() for x in line.get_xdata()})
+    if points:
+        ax.set_xticks(points, [f"{x:g}" for x in points])
+        ax.xaxis.set_minor_locator(NullLocator())
 
 
 def legend_under(figure: Any, handles: Sequence[Any], labels: Sequence[str], ncols: int) -> None:

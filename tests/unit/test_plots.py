@@ -33,3 +33,37 @@ def test_a_legend_of_long_labels_fits_the_figure(tmp_path: Path, panels: int) ->
     (legend,) = figure.legends
     assert [text.get_text() for text in legend.get_texts()] == names
     assert _inside(figure, legend)
+
+
+def test_an_lr_axis_is_labelled_at_the_lrs_searched_and_a_diverged_perplexity_keeps_the_rest_readable(
+    tmp_path: Path,
+) -> None:
+    """A search over 2e-3 ... 5e-2 (less than two decades): matplotlib labels the log axis's minor ticks
+    too, and their labels run into each other; the axis is labelled at the lrs searched instead. With
+    ``log_y`` (perplexity, one lr diverged to 12,000 beside values near 20) the y axis is logarithmic."""
+    lrs = [2e-3, 5e-3, 1e-2, 2e-2, 5e-2]
+    figure, axes, first = plots.panel_grid(2, 4.2, 3.2)
+    for ax in axes:
+        ax.errorbar(lrs, [25.0, 23.0, 22.0, 21.0, 12402.0], yerr=[0.0] * 5, marker="o", label="FedBiOT")
+    plots.finish_grid(
+        figure,
+        axes,
+        first,
+        xlabel="lr",
+        ylabel="ppl",
+        title="t",
+        path=tmp_path / "a.png",
+        log_x=True,
+        log_y=True,
+    )
+    for ax in axes:
+        assert [float(x) for x in ax.get_xticks()] == pytest.approx(lrs)
+        assert [label.get_text() for label in ax.get_xticklabels()] == [
+            "0.002",
+            "0.005",
+            "0.01",
+            "0.02",
+            "0.05",
+        ]
+        assert not [label.get_text() for label in ax.get_xticklabels(minor=True) if label.get_text()]
+        assert ax.get_yscale() == "log"
