@@ -152,9 +152,21 @@ def render_sweep(recorded: tables.Recorded) -> str:
 
 def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: Path) -> Path:
     """One panel per output (AdapEmu, AdapFu): the validation metric against the lr (log axis), a line per
-    method, mean ± std over seeds."""
-    scale = 1.0 if metric == "perplexity" else 100.0
+    method, mean ± std over seeds. Where the metric is one value at every lr of every method (exact match
+    at 0 on math), the tie-break decides the best lr: the panels show validation perplexity instead."""
     dropout = args.dropouts[0]
+    title = f"{cfg.name}: {cfg.model.name}, lr search at dropout {dropout} (validation)"
+    shown = {
+        result[f"{output}/{metric}"]
+        for key, result in results.items()
+        if key != "best_lr"
+        for output in OUTPUTS
+        if f"{output}/{metric}" in result
+    }
+    if metric != "perplexity" and len(shown) == 1:
+        title += f"; {metric} is {shown.pop() * 100:g} everywhere"
+        metric = "perplexity"
+    scale = 1.0 if metric == "perplexity" else 100.0
     figure, axes, first = plots.panel_grid(len(OUTPUTS), 4.2, 3.2)
     for ax, output in zip(axes, OUTPUTS, strict=True):
         for method in args.methods:
@@ -170,7 +182,6 @@ def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: 
                     label=LABELS[method],
                 )
         ax.set_title("AdapEmu" if output == "adapemu" else "AdapFu")
-    title = f"{cfg.name}: {cfg.model.name}, lr search at dropout {dropout} (validation)"
     ylabel = f"validation {metric}{'' if metric == 'perplexity' else ' (x 100)'}"
     return plots.finish_grid(
         figure,

@@ -439,3 +439,38 @@ def test_each_interval_uses_the_seeds_the_two_rows_share_not_those_of_every_row(
     assert check.startswith("d=0.2, AdapFu, 1 seed(s): FedBiOT (Adapter 2) 2.72 vs Offsite-tuning 3.1")
     assert "vs Offsite-tuning one seed (gain 0.38)" in check
     assert "vs FedOT (+LM) tie (gain -0.04, 95% CI [" in check and "3 seeds)" in check
+
+
+def test_the_lr_search_plots_perplexity_where_the_metric_is_one_value_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exact match 0 at every lr of every method (math at 135M): a plot of flat zeros says nothing, and the
+    best lr came from the perplexity tie-break; the panels show that perplexity, and the title says why."""
+    from argparse import Namespace
+
+    from experiments import fedbiot_lr, plots
+
+    cfg = load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml")
+    args = Namespace(dropouts=[0.2], lrs=[0.01, 0.02], methods=["fedot", "fedbiot_a2"])
+    results: dict[str, Any] = {"best_lr": {"fedot": 0.01, "fedbiot_a2": 0.02}}
+    for lr in args.lrs:
+        for method in args.methods:
+            values = {f"{o}/exact_match": 0.0 for o in fedbiot_lr.OUTPUTS}
+            values |= {f"{o}/perplexity": 10.0 * lr for o in fedbiot_lr.OUTPUTS}
+            results[fedbiot_lr.sweep_key(lr, method, 0.2)] = values
+    drawn: list[dict[str, Any]] = []
+    finish = plots.finish_grid
+
+    def spy(figure: Any, axes: Any, first: Any, **kwargs: Any) -> Path:
+        drawn.append(kwargs | {"y": [list(line.get_ydata()) for line in axes[0].get_lines()]})
+        return finish(figure, axes, first, **kwargs)
+
+    monkeypatch.setattr(plots, "finish_grid", spy)
+    fedbiot_lr.plot_sweep(cfg, args, results, "exact_match", tmp_path / "flat.png")
+    assert drawn[-1]["ylabel"] == "validation perplexity" and drawn[-1]["log_y"]
+    assert "exact_match is 0 everywhere" in drawn[-1]["title"]
+    assert [0.1, 0.2] in drawn[-1]["y"]
+    # Where the metric separates the lrs, it is what the panels show.
+    results[fedbiot_lr.sweep_key(0.02, "fedot", 0.2)]["adapfu/exact_match"] = 0.25
+    fedbiot_lr.plot_sweep(cfg, args, results, "exact_match", tmp_path / "moves.png")
+    assert drawn[-1]["ylabel"] == "validation exact_match (x 100)" and not drawn[-1]["log_y"]
