@@ -273,6 +273,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedbiot_table", "table-fedbiot-code-k30"),
         ("fedbiot_table", "table-fedbiot-math-k30"),
         ("fedbiot_table", "sweep-lr-fedbiot-math-k30"),
+        ("fedbiot_table", "sweep-lr-fedbiot-code-k30"),
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5"),
         ("fedmkt_table", "sweep-lr-fedmkt-wic"),
