@@ -391,7 +391,9 @@ def tabulate(
                 kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
                 for row, kept_seeds in kept.items():
                     then = {"lr": earlier.get("row_lr", {}).get(row)}
-                    tables.refuse_lr_mix(f"{key}, {LABELS[row]}", then, (own or {}).get(row), kept_seeds)
+                    tables.refuse_lr_mix(
+                        f"{key}, {LABELS[row]}", then, (own or {}).get(row), kept_seeds, cfg.train.lr
+                    )
                 if kept:
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting

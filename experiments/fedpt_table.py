@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         lr = tables.runs_lr(seed_runs.values()).get("lr") or own.get(m)
         kept = results[m].get("kept_seeds", [])
         # a row without --row-lr trains at the config's lr
-        tables.refuse_lr_mix(LABELS[m], (earlier or {}).get(m, {}), lr or cfg.train.lr, kept)
+        tables.refuse_lr_mix(LABELS[m], (earlier or {}).get(m, {}), lr, kept, cfg.train.lr)
         if own and lr is not None:
             results[m]["lr"] = lr
     command = tables.command_line(__file__, argv)

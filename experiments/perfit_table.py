@@ -127,9 +127,9 @@ def summarise(
     wanted = [tables.seed_of(d) for d in run_dirs]
     carried = tables.carried_seeds(earlier, METRIC, wanted, finals)
     from_runs = tables.runs_lr(run_dirs)  # read once: it checks the carried seeds and names the row's lr
-    here = from_runs.get("lr") or tables.asked_lr(run_dirs) or config_lr
+    here = from_runs.get("lr") or tables.asked_lr(run_dirs)
     if run_dirs:
-        tables.refuse_lr_mix(tables.run_name_parts(run_dirs[0].name)[0], earlier, here, carried)
+        tables.refuse_lr_mix(tables.run_name_parts(run_dirs[0].name)[0], earlier, here, carried, config_lr)
     out: dict[str, Any] = {"seeds": len(finals) + len(carried)}
     if not out["seeds"]:
         return out

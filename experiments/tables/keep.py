@@ -186,11 +186,20 @@ def _seeds_of(entry: Mapping[str, Any]) -> set[str]:
     }
 
 
-def refuse_lr_mix(row: str, earlier: Mapping[str, Any], lr: float | None, seeds: Iterable[str]) -> None:
+def refuse_lr_mix(
+    row: str,
+    earlier: Mapping[str, Any],
+    lr: float | None,
+    seeds: Iterable[str],
+    config_lr: float | None = None,
+) -> None:
     """Refuse carrying ``seeds`` from ``earlier`` (a row's entry in the previous results file) into the row
     now at ``lr`` when that file measured them at another lr: the row's mean would mix two lrs under one lr
-    cell. Nothing to refuse where no seed is carried or either side records no lr."""
+    cell. A side that names no lr is at ``config_lr`` (a row without ``--row-lr`` trains at the config's
+    lr). Nothing to refuse where no seed is carried or a side's lr is still unknown."""
     carried, before = list(seeds), earlier.get("lr")
+    lr = config_lr if lr is None else lr
+    before = config_lr if before is None else before
     if carried and lr is not None and before is not None and not np.isclose(float(before), lr):
         was = f"{float(before):g}"
         raise SystemExit(

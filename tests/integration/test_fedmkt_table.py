@@ -105,6 +105,29 @@ def test_keep_earlier_refuses_a_rows_seeds_measured_at_another_lr(tmp_path: Path
     assert "| FedMKT | 50.0 |" in (results_dir / "table-fedmkt-tiny.md").read_text()
 
 
+def test_keep_earlier_refuses_mixing_a_tuned_lr_with_the_configs(tmp_path: Path) -> None:
+    """A row with no ``--row-lr`` trains at the config's lr (0.01 here): seeds the previous file measured
+    at a row's own lr are refused for it, and seeds it measured at the config's lr (no ``row_lr`` entry)
+    are refused for the row asked at its own lr."""
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    path = results_dir / "table-fedmkt-tiny.json"
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--settings", "one", "--seeds", "0", "--table-only", "--keep-earlier"]
+    tuned = {"wic-one": {"fedmkt": {"llm": {"0": 0.5}}}, "row_lr": {"fedmkt": 1e-4}}
+    path.write_text(json.dumps({"results": tuned}))
+    refused = r"wic-one, FedMKT: .*seeds 0, measured at lr {}, .* lr {}\b"
+    with pytest.raises(SystemExit, match=refused.format(r"0\.0001", r"0\.01")):
+        fedmkt_table.main(argv)
+    at_config = {"wic-one": {"fedmkt": {"llm": {"0": 0.5}}}}
+    path.write_text(json.dumps({"results": at_config}))
+    with pytest.raises(SystemExit, match=refused.format(r"0\.01", r"0\.0002")):
+        fedmkt_table.main([*argv, "--row-lr", "fedmkt=2e-4"])
+    fedmkt_table.main([*argv, "--row-lr", "fedmkt=0.01"])  # the config's lr asked by name: no mix
+    assert "| FedMKT | 50.0 |" in (results_dir / "table-fedmkt-tiny.md").read_text()
+
+
 def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
     table = {
         "zeroshot": {"s": {"0": 0.50, "1": 0.50}, "llm": {"0": 0.4, "1": 0.4}},
