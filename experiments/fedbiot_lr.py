@@ -7,7 +7,9 @@ values the previous file recorded, whole, and the file names them.
 
 A method's score at an lr is the mean over seeds of its AdapEmu and AdapFu values of the table's metric
 (a client runs AdapEmu; the paper reports both), higher is better but for perplexity; a tie on the score
-goes to the lower AdapFu perplexity, then to the smaller lr.
+goes to the lower AdapFu perplexity, then to the smaller lr. A search may be extended to more seeds only
+where its choice is close (``--seeds 0 1 2 --methods M --lrs A B``, then every lr with ``--table-only``):
+a cell with fewer seeds than asked names how many it has.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
                 shown = [result.get(f"{output}/{name}") for output in OUTPUTS]
                 cells.append(
                     " / ".join("-" if v is None else f"{float(v) * factor:.2f}" for v in shown)
+                    + _fewer_seeds(result, len(args.seeds))
                     if any(v is not None for v in shown)
                     else "-"
                 )
@@ -132,6 +135,12 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
         f"A method's best lr has the {better} mean of its AdapEmu and AdapFu {metric} (ties: the lower "
         "AdapFu perplexity, then the smaller lr).",
     ]
+    if any(_fewer_seeds(result, len(args.seeds)) for result in results.values() if isinstance(result, dict)):
+        lines += [
+            "",
+            "A cell with fewer seeds than asked names how many it has (the others were not run): its mean "
+            "is over those alone.",
+        ]
     if best:
         lines += ["", f"The table at these lrs: `--row-lr {chosen}`"]
     if metric != "perplexity":
@@ -142,6 +151,13 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
             tables.markdown_table(header[:-1], rows_of("perplexity", 1.0, with_best=False)),
         ]
     return "\n".join(lines)
+
+
+def _fewer_seeds(result: dict[str, Any], asked: int) -> str:
+    """`` (n seeds)`` for a cell measured on fewer seeds than asked (a search extended to more seeds only
+    where its choice was close), else nothing."""
+    have = int(result.get("seeds", asked))
+    return f" ({tables.seeds_text(have)})" if 0 < have < asked else ""
 
 
 def render_sweep(recorded: tables.Recorded) -> str:

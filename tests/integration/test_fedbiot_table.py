@@ -474,3 +474,25 @@ def test_the_lr_search_plots_perplexity_where_the_metric_is_one_value_everywhere
     results[fedbiot_lr.sweep_key(0.02, "fedot", 0.2)]["adapfu/exact_match"] = 0.25
     fedbiot_lr.plot_sweep(cfg, args, results, "exact_match", tmp_path / "moves.png")
     assert drawn[-1]["ylabel"] == "validation exact_match (x 100)" and not drawn[-1]["log_y"]
+
+
+def test_a_search_cell_on_fewer_seeds_than_asked_says_how_many() -> None:
+    """A search extended to more seeds only where its choice was close (adapter 4 on code, one step below
+    where one seed diverged) mixes cells of 3 seeds and of 1: each cell with fewer says so."""
+    from argparse import Namespace
+
+    from experiments import fedbiot_lr
+
+    cfg = load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml")
+    args = Namespace(dropouts=[0.2], lrs=[0.005, 0.01], methods=["fedbiot_a4"], seeds=[0, 1, 2])
+    cell = {"adapemu/perplexity": 30.0, "adapfu/perplexity": 9.0}
+    results: dict[str, Any] = {
+        fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2): {"seeds": 1, **cell},
+        fedbiot_lr.sweep_key(0.01, "fedbiot_a4", 0.2): {"seeds": 3, **cell},
+    }
+    results["best_lr"] = fedbiot_lr.best_lrs(args, results, "perplexity")
+    text = fedbiot_lr.sweep_text(cfg, args, results, "perplexity", "cmd")
+    assert "| FedBiOT (Adapter 4) | 30.00 / 9.00 (1 seed) | 30.00 / 9.00 | 0.005 |" in text
+    assert "A cell with fewer seeds than asked names how many it has" in text
+    results[fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2)]["seeds"] = 3
+    assert "fewer seeds" not in fedbiot_lr.sweep_text(cfg, args, results, "perplexity", "cmd")
