@@ -330,8 +330,11 @@ def main(argv: list[str] | None = None) -> None:
 def mask_study_run(dirs: dict[str, list[Path]], partition: str) -> Path | None:
     """The run whose masks the table studies: the first finished PerFIT s = 0.5 run of the table's first
     partition (the overlap is grouped by the data categories clients share, which that partition fixes);
-    None where it has none here (a partition whose runs are elsewhere keeps its earlier study)."""
-    keys = [key for key in dirs if key.startswith("perfit_s0.5") and key.endswith(f"-{partition}")]
+    None where it has none here (a partition whose runs are elsewhere keeps its earlier study). Where the
+    table has the paper's row, its run, whatever the order of the rows; else an s = 0.5 ablation's."""
+    paper = f"perfit_s0.5-{partition}"
+    ablations = [key for key in dirs if key.startswith("perfit_s0.5_") and key.endswith(f"-{partition}")]
+    keys = [paper] if paper in dirs else ablations
     finished = [path for key in keys for path in dirs[key] if tables.finished_rows(path)]
     return finished[0] if finished else None
 

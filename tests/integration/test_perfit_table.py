@@ -259,6 +259,18 @@ def test_the_mask_study_reads_the_first_partitions_run_only(tmp_path: Path) -> N
     assert perfit_table.mask_study_run(dirs, "pathological") == tmp_path / "perfit_s0.5-pathological-s0"
 
 
+def test_the_mask_study_is_the_paper_readings_run_whatever_the_order_of_the_rows(tmp_path: Path) -> None:
+    # an ablation row asked first (own starts, s = 0.5) is no PerFIT s = 0.5 run: its masks are searched
+    # at another time; only a table without the paper's row studies an ablation's masks
+    own = _fake_run(tmp_path / "perfit_s0.5_own-pathological-s0", 9.0)
+    dirs = {"perfit_s0.5_own-pathological": [own], "perfit_s0.5-pathological": [tmp_path / "p-s0"]}
+    assert perfit_table.mask_study_run(dirs, "pathological") is None  # the paper's run is not done yet
+    _fake_run(tmp_path / "p-s0", 8.0)
+    assert perfit_table.mask_study_run(dirs, "pathological") == tmp_path / "p-s0"
+    del dirs["perfit_s0.5-pathological"]
+    assert perfit_table.mask_study_run(dirs, "pathological") == own
+
+
 def test_a_finished_run_without_checkpoints_keeps_the_earlier_mask_study(tmp_path: Path) -> None:
     # Prepare: a finished PerFIT run whose checkpoints were removed (the masks live only there) and a
     # previous results file that holds its mask study
