@@ -264,6 +264,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("perfit_table", "table-perfit-smollm2-lr"),
         ("perfit_table", "sweep-lr-perfit-smollm2-dirichlet"),
         ("perfit_table", "sweep-lr-perfit-smollm2-variants"),
+        ("perfit_table", "sweep-lr-perfit-smollm2-variants-dirichlet"),
         ("fedpft_table", "sweep-lr-fedpft-minilm-distill-r30"),
         ("fedpft_table", "table-fedpft-minilm-distill-r30"),
         ("fedbiot_table", "sweep-lr-fedbiot-qa-k30"),
