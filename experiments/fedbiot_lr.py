@@ -168,9 +168,12 @@ def render_sweep(recorded: tables.Recorded) -> str:
 
 def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: Path) -> Path:
     """One panel per output (AdapEmu, AdapFu): the validation metric against the lr (log axis), a line per
-    method, mean ± std over seeds. Where the metric is one value at every lr of every method (exact match
-    at 0 on math), the tie-break decides the best lr: the panels show validation perplexity instead."""
+    method, mean ± std over seeds; a cell on fewer seeds than asked (a search extended to more seeds only
+    where its choice was close) is drawn hollow. Where the metric is one value at every lr of every method
+    (exact match at 0 on math), the tie-break decides the best lr: the panels show validation perplexity
+    instead."""
     dropout = args.dropouts[0]
+    asked = len(args.seeds)
     title = f"{cfg.name}: {cfg.model.name}, lr search at dropout {dropout} (validation)"
     shown = {
         result[f"{output}/{metric}"]
@@ -184,12 +187,13 @@ def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: 
         metric = "perplexity"
     scale = 1.0 if metric == "perplexity" else 100.0
     figure, axes, first = plots.panel_grid(len(OUTPUTS), 4.2, 3.2)
+    hollow = False
     for ax, output in zip(axes, OUTPUTS, strict=True):
         for method in args.methods:
             points = [(lr, results.get(sweep_key(lr, method, dropout), {})) for lr in args.lrs]
             points = [(lr, r) for lr, r in points if f"{output}/{metric}" in r]
             if points:
-                ax.errorbar(
+                line = ax.errorbar(
                     [lr for lr, _ in points],
                     [r[f"{output}/{metric}"] * scale for _, r in points],
                     yerr=[r.get(f"{output}/{metric}_std", 0.0) * scale for _, r in points],
@@ -197,7 +201,21 @@ def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: 
                     capsize=3,
                     label=LABELS[method],
                 )
+                fewer = [(lr, r) for lr, r in points if _fewer_seeds(r, asked)]
+                if fewer:
+                    ax.plot(
+                        [lr for lr, _ in fewer],
+                        [r[f"{output}/{metric}"] * scale for _, r in fewer],
+                        linestyle="none",
+                        marker="o",
+                        markerfacecolor="white",  # over the line's filled marker: reads as hollow
+                        zorder=3,
+                        markeredgecolor=line.lines[0].get_color(),
+                    )
+                    hollow = True
         ax.set_title("AdapEmu" if output == "adapemu" else "AdapFu")
+    if hollow:
+        title += f"; hollow: fewer seeds than {asked}"
     ylabel = f"validation {metric}{'' if metric == 'perplexity' else ' (x 100)'}"
     return plots.finish_grid(
         figure,

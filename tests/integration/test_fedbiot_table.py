@@ -451,7 +451,7 @@ def test_the_lr_search_plots_perplexity_where_the_metric_is_one_value_everywhere
     from experiments import fedbiot_lr, plots
 
     cfg = load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml")
-    args = Namespace(dropouts=[0.2], lrs=[0.01, 0.02], methods=["fedot", "fedbiot_a2"])
+    args = Namespace(dropouts=[0.2], lrs=[0.01, 0.02], methods=["fedot", "fedbiot_a2"], seeds=[0])
     results: dict[str, Any] = {"best_lr": {"fedot": 0.01, "fedbiot_a2": 0.02}}
     for lr in args.lrs:
         for method in args.methods:
@@ -496,3 +496,41 @@ def test_a_search_cell_on_fewer_seeds_than_asked_says_how_many() -> None:
     assert "A cell with fewer seeds than asked names how many it has" in text
     results[fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2)]["seeds"] = 3
     assert "fewer seeds" not in fedbiot_lr.sweep_text(cfg, args, results, "perplexity", "cmd")
+
+
+def test_the_lr_search_plot_marks_the_cells_on_fewer_seeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line joins a 1-seed cell and a 3-seed one (adapter 4 on code): the 1-seed point is drawn hollow,
+    and the title says what a hollow point is; where every cell has every seed, no point is hollow."""
+    from argparse import Namespace
+
+    from experiments import fedbiot_lr, plots
+
+    cfg = load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml")
+    args = Namespace(dropouts=[0.2], lrs=[0.005, 0.01], methods=["fedbiot_a4"], seeds=[0, 1, 2])
+    cell = {"adapemu/perplexity": 30.0, "adapfu/perplexity": 9.0}
+    results: dict[str, Any] = {
+        fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2): {"seeds": 1, **cell},
+        fedbiot_lr.sweep_key(0.01, "fedbiot_a4", 0.2): {"seeds": 3, **cell},
+    }
+    drawn: list[dict[str, Any]] = []
+    finish = plots.finish_grid
+
+    def spy(figure: Any, axes: Any, first: Any, **kwargs: Any) -> Path:
+        hollow = [
+            list(line.get_xdata())
+            for ax in axes
+            for line in ax.get_lines()
+            if line.get_markerfacecolor() == "white" and line.get_marker() not in (None, "None", "")
+        ]
+        drawn.append(kwargs | {"hollow": hollow})
+        return finish(figure, axes, first, **kwargs)
+
+    monkeypatch.setattr(plots, "finish_grid", spy)
+    fedbiot_lr.plot_sweep(cfg, args, results, "perplexity", tmp_path / "mixed.png")
+    assert drawn[-1]["hollow"] == [[0.005], [0.005]]  # one per panel (AdapEmu, AdapFu)
+    assert "hollow: fewer seeds than 3" in drawn[-1]["title"]
+    results[fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2)]["seeds"] = 3
+    fedbiot_lr.plot_sweep(cfg, args, results, "perplexity", tmp_path / "full.png")
+    assert drawn[-1]["hollow"] == [] and "hollow" not in drawn[-1]["title"]
