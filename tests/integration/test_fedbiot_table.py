@@ -476,9 +476,8 @@ def test_the_lr_search_plots_perplexity_where_the_metric_is_one_value_everywhere
     assert drawn[-1]["ylabel"] == "validation exact_match (x 100)" and not drawn[-1]["log_y"]
 
 
-def test_a_search_cell_on_fewer_seeds_than_asked_says_how_many() -> None:
-    """A search extended to more seeds only where its choice was close (adapter 4 on code, one step below
-    where one seed diverged) mixes cells of 3 seeds and of 1: each cell with fewer says so."""
+def _one_and_three_seed_cells() -> tuple[Any, Any, dict[str, Any]]:
+    """Adapter 4's search on code as it was run: 5e-3 on seed 0 alone, 1e-2 on seeds 0-2."""
     from argparse import Namespace
 
     from experiments import fedbiot_lr
@@ -490,6 +489,15 @@ def test_a_search_cell_on_fewer_seeds_than_asked_says_how_many() -> None:
         fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2): {"seeds": 1, **cell},
         fedbiot_lr.sweep_key(0.01, "fedbiot_a4", 0.2): {"seeds": 3, **cell},
     }
+    return cfg, args, results
+
+
+def test_a_search_cell_on_fewer_seeds_than_asked_says_how_many() -> None:
+    """A search extended to more seeds only where its choice was close (adapter 4 on code, one step below
+    where one seed diverged) mixes cells of 3 seeds and of 1: each cell with fewer says so."""
+    from experiments import fedbiot_lr
+
+    cfg, args, results = _one_and_three_seed_cells()
     results["best_lr"] = fedbiot_lr.best_lrs(args, results, "perplexity")
     text = fedbiot_lr.sweep_text(cfg, args, results, "perplexity", "cmd")
     assert "| FedBiOT (Adapter 4) | 30.00 / 9.00 (1 seed) | 30.00 / 9.00 | 0.005 |" in text
@@ -503,17 +511,9 @@ def test_the_lr_search_plot_marks_the_cells_on_fewer_seeds(
 ) -> None:
     """One line joins a 1-seed cell and a 3-seed one (adapter 4 on code): the 1-seed point is drawn hollow,
     and the title says what a hollow point is; where every cell has every seed, no point is hollow."""
-    from argparse import Namespace
-
     from experiments import fedbiot_lr, plots
 
-    cfg = load_config(ROOT / "configs" / "test" / "fedbiot-tiny.yaml")
-    args = Namespace(dropouts=[0.2], lrs=[0.005, 0.01], methods=["fedbiot_a4"], seeds=[0, 1, 2])
-    cell = {"adapemu/perplexity": 30.0, "adapfu/perplexity": 9.0}
-    results: dict[str, Any] = {
-        fedbiot_lr.sweep_key(0.005, "fedbiot_a4", 0.2): {"seeds": 1, **cell},
-        fedbiot_lr.sweep_key(0.01, "fedbiot_a4", 0.2): {"seeds": 3, **cell},
-    }
+    cfg, args, results = _one_and_three_seed_cells()
     drawn: list[dict[str, Any]] = []
     finish = plots.finish_grid
 
