@@ -277,6 +277,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedbiot_table", "sweep-lr-fedbiot-code-k30"),
         ("fedmkt_table", "table-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5"),
+        ("fedmkt_table", "table-fedmkt-wic-lr"),
         ("fedmkt_table", "sweep-lr-fedmkt-wic"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("unequal_table", "search-unequal-smollm2"),
