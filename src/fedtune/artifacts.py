@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -52,8 +54,17 @@ def evaluate_run(
     max_examples: int | None = None,
     variant: str | None = None,
     options: Mapping[str, str] | None = None,
+    output: str | Path = "eval.json",
 ) -> EvalResult:
-    """The final model on the run's test set (or ``split``); writes ``eval.json`` in the run directory."""
+    """The final model on the run's test set (or ``split``); writes ``output`` (a path relative to the run
+    directory, or absolute), so that the scores of another variant, option or example count can sit beside
+    the first instead of replacing it."""
+    target = run_dir / output
+    if target.is_dir():
+        raise FileExistsError(f"eval output {target} is a directory: name a file")
+    import torch
+
+    started = time.perf_counter()
     final = load_final(run_dir, variant, options)
     cfg = final.cfg
     if split:
@@ -65,12 +76,18 @@ def evaluate_run(
     summary = {
         "split": cfg.data.eval_split,
         "variant": variant,
+        "options": dict(options or {}),
         "examples": len(records),
         "metrics": result.metrics,
         "by_category": result.by_category,
         "samples": result.samples,
+        "seconds": round(time.perf_counter() - started, 1),  # loading the model included
+        "threads": torch.get_num_threads(),
     }
-    (run_dir / "eval.json").write_text(json.dumps(summary, indent=1))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.partial")
+    staging.write_text(json.dumps(summary, indent=1))
+    os.replace(staging, target)  # a reader never sees half a file, and a crash keeps the old one
     return result
 
 

@@ -208,22 +208,31 @@ def evaluate(
     client: Annotated[
         str | None, typer.Option(help="a client's personal model (PerFIT): --option client=")
     ] = None,
+    output: Annotated[
+        str,
+        typer.Option(
+            help="the scores' file, relative to the run directory: another variant's or example count's "
+            "beside the first (e.g. eval-adapfu.json)"
+        ),
+    ] = "eval.json",
 ) -> None:
-    """Evaluate the final model of a run; writes eval.json in the run directory (eval-lm-eval.json
-    with --harness lm-eval)."""
+    """Evaluate the final model of a run; writes eval.json in the run directory (--output names another
+    file; eval-lm-eval.json with --harness lm-eval)."""
     from fedtune.artifacts import evaluate_run
 
     options = _options(option) | ({"client": client} if client else {})
     if harness is not None:
         if split is not None:
             _fail(ValueError("--split is for fedtune's own evaluation: lm-eval tasks name their split"))
+        if output != "eval.json":
+            _fail(ValueError("--output is for fedtune's own evaluation: lm-eval writes eval-lm-eval.json"))
         _evaluate_harness(run_dir, harness, tasks, max_examples, variant, options)
         return
     if tasks is not None:
         _fail(ValueError("--tasks goes with --harness lm-eval"))
     try:
         result = evaluate_run(
-            run_dir, split=split, max_examples=max_examples, variant=variant, options=options
+            run_dir, split=split, max_examples=max_examples, variant=variant, options=options, output=output
         )
     except EXPECTED_ERRORS as exc:
         _fail(exc)

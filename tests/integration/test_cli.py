@@ -27,6 +27,14 @@ def test_run_eval_generate_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", str(run_dir), "--max-examples", "4"])
     assert result.exit_code == 0, result.output
     assert "perplexity" in json.loads((run_dir / "eval.json").read_text())["metrics"]
+    # a second evaluation on fewer examples goes beside the first instead of over it
+    result = runner.invoke(app, ["eval", str(run_dir), "--max-examples", "2", "--output", "eval-2.json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run_dir / "eval.json").read_text())["examples"] == 4
+    assert json.loads((run_dir / "eval-2.json").read_text())["examples"] == 2
+    assert not list(run_dir.glob(".*.partial"))
+    result = runner.invoke(app, ["eval", str(run_dir), "--output", "artifacts"])
+    assert result.exit_code == 2 and "is a directory" in result.output, result.output
     result = runner.invoke(
         app, ["generate", str(run_dir), "--prompt", "Define 'cat'.", "--max-new-tokens", "4"]
     )
