@@ -352,7 +352,8 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             gap = float(np.mean([fedmkt[seed] - central[seed] for seed in both]))
             same = "seed" if len(both) == 1 else f"{len(both)} seeds"
             against = f" (Centralized {100 * mean({s: central[s] for s in both}):.1f} on the same {same}, "
-            against += f"FedMKT - Centralized {100 * gap:+.1f})"
+            against += f"FedMKT - Centralized {100 * gap:+.1f}: "
+            against += tables.interval_texts([central, fedmkt], scale=100.0)[0] + ")"
         lines.append(
             f"- LLM: Zero-shot {100 * zero:.1f} < FedMKT {100 * mkt:.1f}{against}{note}: "
             f"**{claim.verdict}**" + seeds_note(claim) + f"; {tables.claim_text(columns, scale=100.0)}"
@@ -364,7 +365,7 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
             same = "seed" if len(both) == 1 else f"{len(both)} seeds"
             lines.append(
                 f"- What the SLMs' knowledge adds to the LLM: FedMKT - LLM on the public set only "
-                f"{100 * gain:+.1f} (on the same {same})"
+                f"{100 * gain:+.1f} (on the same {same}); {tables.claim_text([public, fedmkt], scale=100.0)}"
             )
     return lines
 

@@ -9,6 +9,7 @@ those lrs. FedBiOT and FedPFT keep their own searches (two outputs a run; one lr
 from __future__ import annotations
 
 import argparse
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +193,7 @@ def plot_search(search: Search, results: Mapping[str, Any], path: Path) -> Path:
         axes,
         first,
         xlabel="lr",
-        ylabel=f"validation {score.label}",
+        ylabel="\n".join(textwrap.wrap(f"validation {score.label}", 26)),  # a long label fits the height
         title=title,
         path=path,
         log_x=True,

@@ -145,7 +145,8 @@ def test_ordering_is_checked_on_the_means_and_seed_by_seed() -> None:
     )
     assert lines[1] == (
         "- LLM: Zero-shot 40.0 < FedMKT 40.0 (Centralized 50.0 on the same seed, FedMKT - Centralized "
-        "+0.0): **tie**, in 1 of 2 seeds; by interval: tie (gain 0.00, 95% CI [-127.06, 127.06], 2 seeds)"
+        "+0.0: one seed (gain 0.00)): **tie**, in 1 of 2 seeds; by interval: tie (gain 0.00, 95% CI "
+        "[-127.06, 127.06], 2 seeds)"
     )
 
 
@@ -226,8 +227,27 @@ def test_the_llm_is_compared_with_centralized_on_the_seeds_both_have() -> None:
     }
     assert fedmkt_table.ordering(table, []) == [
         "- LLM: Zero-shot 20.0 < FedMKT 30.0 (Centralized 40.0 on the same seed, FedMKT - Centralized "
-        "-10.0): **holds**; by interval: one seed (gain 10.00)"
+        "-10.0: one seed (gain -10.00)): **holds**; by interval: one seed (gain 10.00)"
     ]
+
+
+def test_the_llms_gaps_to_centralized_and_to_its_public_set_alone_have_intervals() -> None:
+    """FedMKT's LLM against Centralized (the paper's FedMKT ~ Centralized) and against the LLM trained on
+    the public set alone (what the SLMs' knowledge adds), each by its paired t interval over seeds."""
+    table = {
+        "zeroshot": {"llm": {"0": 0.2, "1": 0.2, "2": 0.2}},
+        "fedmkt": {"llm": {"0": 0.3, "1": 0.4, "2": 0.5}},
+        "centralized": {"llm": {"0": 0.4, "1": 0.52, "2": 0.58}},
+        "llmpublic": {"llm": {"0": 0.2, "1": 0.2, "2": 0.2}},
+    }
+    lines = fedmkt_table.ordering(table, [])
+    # FedMKT - Centralized: -10, -12, -8 (mean -10, sd 2; t(2 df) 4.3027 -> half width 4.97)
+    assert "FedMKT - Centralized -10.0: reversed (gain -10.00, 95% CI [-14.97, -5.03], 3 seeds))" in lines[0]
+    # FedMKT - public only: 10, 20, 30 (mean 20, sd 10 -> half width 24.84)
+    assert lines[1] == (
+        "- What the SLMs' knowledge adds to the LLM: FedMKT - LLM on the public set only +20.0 (on the "
+        "same 3 seeds); by interval: tie (gain 20.00, 95% CI [-4.84, 44.84], 3 seeds)"
+    )
 
 
 def test_equal_means_are_a_tie_whatever_the_float_order_of_summing() -> None:
