@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import tables
-from experiments.tables.runs import RESULTS_DIR
+from experiments.tables.runs import RESULTS_DIR, logged
 
 LOWER_IS_BETTER = ("perplexity", "loss")
 
@@ -67,13 +65,7 @@ def evaluate(run_dir: Path, variant: str | None, split: str, examples: int) -> N
     command = [sys.executable, "-m", "fedtune", "eval", str(run_dir), "--split", split]
     command += ["--max-examples", str(examples), "--output", out]
     command += ["--variant", variant] if variant else []
-    log = tables.sibling(run_dir, ".reeval.log")
-    print(f"{' '.join(command)}  (log: {log})", flush=True)
-    env = dict(os.environ) | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with open(log, "a") as handle:
-        code = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise RuntimeError(f"{run_dir}: fedtune eval exited with {code}; see {log}")
+    logged(command, tables.sibling(run_dir, ".reeval.log"), run_dir)
 
 
 def read_scores(run_dir: Path, variant: str | None, split: str, examples: int) -> dict[str, Any] | None:

@@ -101,16 +101,21 @@ def run(config: Path, overrides: Sequence[str], run_dir: Path, *, threads: int |
         command += ["resume", str(run_dir)]
     else:
         command += ["run", str(config), *overrides, "progress=false", "-o", str(run_dir)]
-    log = sibling(run_dir, ".log")  # not with_suffix: "s0.33" would be cut
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    logged(command, sibling(run_dir, ".log"), run_dir, threads=threads)  # not with_suffix: "s0.33"
+
+
+def logged(command: Sequence[str], log: Path, what: Path, *, threads: int | None = 1) -> None:
+    """Run ``command`` (a fedtune subprocess for ``what``) with its output appended to ``log``, at
+    ``threads`` OpenMP/MKL threads (None: the default); an error naming the log if it fails."""
     print(f"{' '.join(command)}  (log: {log})", flush=True)
     env = dict(os.environ)
     if threads is not None:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         code = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise RuntimeError(f"{run_dir}: fedtune exited with {code}; see {log}")
+        raise RuntimeError(f"{what}: fedtune exited with {code}; see {log}")
 
 
 def run_all(
