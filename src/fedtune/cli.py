@@ -230,10 +230,18 @@ def evaluate(
         return
     if tasks is not None:
         _fail(ValueError("--tasks goes with --harness lm-eval"))
+    from fedtune.progress import generation_progress
+
     try:
-        result = evaluate_run(
-            run_dir, split=split, max_examples=max_examples, variant=variant, options=options, output=output
-        )
+        with generation_progress(console):
+            result = evaluate_run(
+                run_dir,
+                split=split,
+                max_examples=max_examples,
+                variant=variant,
+                options=options,
+                output=output,
+            )
     except EXPECTED_ERRORS as exc:
         _fail(exc)
     table = Table(title=f"{run_dir}: final model")

@@ -304,13 +304,15 @@ class Runner:
         progress: RunProgress,
     ) -> dict[str, Any]:
         progress.phase(f"r{rnd} evaluating")
-        results = [algorithm.evaluate(rnd, server, fed, EvalSet("", server.eval_records))]
-        if self.cfg.eval.personal:
-            progress.phase(f"r{rnd} evaluating on the clients' held-out data")
-            results.append(algorithm.evaluate_clients(rnd, server, fed))
-        for name, records in server.extra_eval.items():
-            progress.phase(f"r{rnd} evaluating on {name}")
-            results.append(prefixed(algorithm.evaluate(rnd, server, fed, EvalSet(name, records)), f"{name}/"))
+        with progress.generating():
+            results = [algorithm.evaluate(rnd, server, fed, EvalSet("", server.eval_records))]
+            if self.cfg.eval.personal:
+                progress.phase(f"r{rnd} evaluating on the clients' held-out data")
+                results.append(algorithm.evaluate_clients(rnd, server, fed))
+            for name, records in server.extra_eval.items():
+                progress.phase(f"r{rnd} evaluating on {name}")
+                evaluated = algorithm.evaluate(rnd, server, fed, EvalSet(name, records))
+                results.append(prefixed(evaluated, f"{name}/"))
         return _eval_row(merge_results(*results))
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ def test_run_eval_generate_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", str(run_dir), "--max-examples", "4"])
     assert result.exit_code == 0, result.output
     assert "perplexity" in json.loads((run_dir / "eval.json").read_text())["metrics"]
+    assert "generated 4/4 prompts" in result.output  # off a terminal: a line per batch of prompts
     # a second evaluation on fewer examples goes beside the first instead of over it
     result = runner.invoke(app, ["eval", str(run_dir), "--max-examples", "2", "--output", "eval-2.json"])
     assert result.exit_code == 0, result.output

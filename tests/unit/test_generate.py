@@ -260,6 +260,26 @@ def test_generate_texts_returns_prompts_in_original_order() -> None:
     assert reported == [(2, 3), (3, 3)]
 
 
+def test_a_watcher_hears_every_decoder_that_has_no_progress_of_its_own() -> None:
+    # Prepare: the watcher is how `fedtune eval` shows generation, whichever decoder the model plugs in
+    tokenizer = tiny_tokenizer()
+    model = EchoLM(len(tokenizer))
+    heard: list[tuple[int, int]] = []
+    own: list[tuple[int, int]] = []
+
+    # Execute
+    with generate.watching(lambda done, total: heard.append((done, total))):
+        generate_texts(model, tokenizer, ["a", "ccc", "bb"], max_new_tokens=1, batch_size=2)
+        generate_texts(
+            model, tokenizer, ["a"], max_new_tokens=1, progress=lambda done, total: own.append((done, total))
+        )
+    generate_texts(model, tokenizer, ["a", "b"], max_new_tokens=1, batch_size=1)
+
+    # Assert: each batch of the first call; a call's own progress wins; outside the block nothing
+    assert heard == [(2, 3), (3, 3)]
+    assert own == [(1, 1)]
+
+
 def test_generate_texts_restores_training_mode() -> None:
     # Prepare
     model, tokenizer = tiny_model("gpt2")

@@ -7,7 +7,9 @@ import re
 
 from rich.console import Console
 
-from fedtune.progress import RunProgress, summary_table
+from fedtune.decode.generate import generate_texts
+from fedtune.models.tiny import tiny_model
+from fedtune.progress import RunProgress, generation_progress, summary_table
 
 
 def _render(history: list[dict]) -> str:
@@ -74,3 +76,44 @@ def test_without_progress_nothing_but_the_round_lines() -> None:
             report(1, 10, 2.5)
         progress.end_round(1, "loss 2.5")
     assert stream.getvalue() == "round 1/4: loss 2.5\n"
+
+
+def _generate_three_prompts() -> None:
+    """A model generating for 3 prompts in batches of 2, as an evaluation's decoder does."""
+    model, tokenizer = tiny_model("gpt2")
+    generate_texts(model, tokenizer, ["a", "bb", "ccc"], max_new_tokens=1, batch_size=2)
+
+
+def test_eval_generation_off_a_terminal_is_one_line_per_batch() -> None:
+    console, stream = _plain_console()
+    with generation_progress(console):
+        _generate_three_prompts()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == ["generated 2/3 prompts", "generated 3/3 prompts"]
+    assert all(re.fullmatch(r".* · \d+ s", line) for line in lines)
+
+
+def test_eval_generation_on_a_terminal_is_a_bar_that_goes_away() -> None:
+    stream = io.StringIO()
+    console = Console(file=stream, width=80, force_terminal=True)
+    with generation_progress(console):
+        _generate_three_prompts()
+    assert "generated" not in stream.getvalue()
+    assert "━" in stream.getvalue() and "3/3" in stream.getvalue()
+
+
+def test_a_runs_live_evaluation_counts_prompts_and_a_logged_one_prints_nothing_more() -> None:
+    stream = io.StringIO()
+    console = Console(file=stream, width=80, force_terminal=True)
+    with RunProgress(console, 2) as progress:
+        progress.phase("r2 evaluating")
+        with progress.generating():
+            _generate_three_prompts()
+        counted = progress.progress.tasks[progress.step_task]
+        assert (counted.completed, counted.total) == (3, 3)
+    console, stream = _plain_console()
+    with RunProgress(console, 2) as progress:
+        progress.phase("r2 evaluating")
+        with progress.generating():
+            _generate_three_prompts()
+    assert stream.getvalue() == "r2 evaluating\n"

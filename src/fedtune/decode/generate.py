@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import torch
@@ -31,6 +32,21 @@ StopFn = Callable[[Tensor], Tensor]
 
 ProgressFn = Callable[[int, int], None]
 """``(num_done, num_total)``, called after each batch."""
+
+_WATCHER: ContextVar[ProgressFn | None] = ContextVar("fedtune_decode_progress", default=None)
+
+
+@contextmanager
+def watching(progress: ProgressFn) -> Iterator[None]:
+    """Inside the block, every ``decode_texts`` call without a ``progress`` of its own reports to
+    ``progress`` after each batch: how ``fedtune eval`` and a run's live display show a long evaluation's
+    generation, whichever decoder (a plain LM, a proxy-tuned pair, FedPT's) the final model plugs in.
+    Context-local: a thread or task started elsewhere does not report here."""
+    token = _WATCHER.set(progress)
+    try:
+        yield
+    finally:
+        _WATCHER.reset(token)
 
 
 class DecodeOptions(TypedDict, total=False):
@@ -298,6 +314,7 @@ def decode_texts(
     pad_id = pad_token_id(tokenizer)
     should_stop = stop_string_fn(tokenizer, stop_strings) if stop_strings else None
     texts = [""] * len(prompts)
+    progress = progress or _WATCHER.get()
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         input_ids, attention_mask = pad_sequences([prompt_ids[row] for row in rows], pad_id, side="left")
