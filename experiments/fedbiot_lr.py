@@ -3,7 +3,8 @@ split (the test split is not read), at one dropout (the first of ``--dropouts``)
 best lr, as the paper searched the lr per method. Written to ``sweep-lr-<config name>`` (.md, .json, and
 a plot of the score against the lr); the .md ends with the ``--row-lr`` that runs the table at those lrs.
 With ``--keep-earlier`` a method and lr none of whose runs is here (made elsewhere, or removed) keeps the
-values the previous file recorded, whole, and the file names them.
+values the previous file recorded, whole; one with some seeds' runs here takes the others' values from the
+previous file seed by seed (a search extended to more seeds on another machine); the file names both.
 
 A method's score at an lr is the mean over seeds of its AdapEmu and AdapFu values of the table's metric
 (a client runs AdapEmu; the paper reports both), higher is better but for perplexity; a tie on the score
@@ -64,10 +65,13 @@ def lr_sweep(args: Any, cfg: Any, base: Path, metric: str, command: str, summari
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
     results: dict[str, Any] = {key: summarise(paths, metric) for key, paths in runs.dirs.items()}
     kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
+    seeds_kept = tables.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
     results["best_lr"] = best_lrs(args, results, metric)
     text = sweep_text(cfg, args, results, metric, command)
-    text += tables.kept_rows_note([kept_label(key) for key in kept])
-    text += tables.rejected_note(path for paths in runs.dirs.values() for path in paths)
+    kept_seeds = {kept_label(key): seeds for key, seeds in seeds_kept.items()}
+    text += tables.closing_notes(
+        runs.dirs, stem, args, kept_rows=[kept_label(key) for key in kept], kept_seeds=kept_seeds
+    )
     tables.write_table(stem, text, cfg.name, command, results, args)
     plot_sweep(cfg, args, results, metric, tables.sibling(stem, ".png"))
 

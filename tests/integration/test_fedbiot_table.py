@@ -316,6 +316,48 @@ def test_the_lr_search_keeps_an_lr_whose_runs_are_not_here_with_keep_earlier(tmp
     assert "(no run of theirs here, `--keep-earlier`): FedBiOT (Adapter 2) at lr 0.05." in text
 
 
+def test_the_lr_search_merges_seed_by_seed_a_cell_whose_other_seeds_are_elsewhere(tmp_path: Path) -> None:
+    """A search extended to seeds 1-2 on a machine that no longer has seed 0's run: with
+    ``--keep-earlier`` the cell takes seed 0 from the previous file and seed 1 from its run here (the
+    mean over both decides the best lr), and the file names the seed it kept."""
+    # Prepare: seed 1's run of FedBiOT at 0.01 is here; the previous file has seed 0 of both lrs
+    run = tmp_path / "runs" / "fedbiot-tiny" / "lr0.01-fedbiot_a2-d0.4-s1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("fed:\n  rounds: 1\ntrain:\n  lr: 0.01\n")
+    trained = {"bytes_up": 10, "bytes_down": 20, "adapter_shift": 0.5}
+    scores = {"adapemu/perplexity": 10.0, "adapfu/perplexity": 4.0}
+    rows = [{"round": 0}, {"round": 1, **trained, "eval": scores}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stem = tmp_path / "results" / "sweep-lr-fedbiot-tiny"
+    stem.parent.mkdir(parents=True)
+
+    def seed_zero(lr: float, emu: float, fu: float) -> dict[str, Any]:
+        by_seed = {"adapemu/perplexity_by_seed": {"0": emu}, "adapfu/perplexity_by_seed": {"0": fu}}
+        return {"seeds": 1, "lr": lr, "adapemu/perplexity": emu, "adapfu/perplexity": fu, **by_seed}
+
+    earlier = {
+        "lr0.01-fedbiot_a2-d0.4": seed_zero(0.01, 30.0, 8.0),
+        "lr0.05-fedbiot_a2-d0.4": seed_zero(0.05, 16.0, 6.0),
+    }
+    stem.with_suffix(".json").write_text(json.dumps({"results": earlier}))
+    argv = [*tiny_argv(tmp_path), "--methods", "fedbiot_a2", "--lrs", "0.01", "0.05", "--seeds", "0", "1"]
+    argv += ["--set", "eval.metrics=[perplexity]", "--table-only", "--keep-earlier"]
+    # Execute
+    fedbiot_table.main(argv)
+    # Assert: 0.01 is seed 0 (kept) and seed 1 (here): 20 / 6, score 13; 0.05 keeps its one seed whole
+    # (16 / 6, score 11) and is the best lr
+    results = json.loads(stem.with_suffix(".json").read_text())["results"]
+    cell = results["lr0.01-fedbiot_a2-d0.4"]
+    assert cell["adapemu/perplexity_by_seed"] == {"0": 30.0, "1": 10.0} and cell["seeds"] == 2
+    assert cell["adapemu/perplexity"] == pytest.approx(20.0)
+    assert cell["adapfu/perplexity"] == pytest.approx(6.0)
+    assert results["best_lr"] == {"fedbiot_a2": 0.05}
+    text = stem.with_suffix(".md").read_text()
+    assert "| FedBiOT (Adapter 2) | 20.00 / 6.00 | 16.00 / 6.00 (1 seed) | 0.05 |" in text
+    assert "Seeds kept from the previous results file" in text and "FedBiOT (Adapter 2) at lr 0.01: 0" in text
+    assert "(no run of theirs here, `--keep-earlier`): FedBiOT (Adapter 2) at lr 0.05." in text
+
+
 def test_best_lr_takes_the_higher_mean_of_both_outputs_then_lower_perplexity() -> None:
     from argparse import Namespace
 
