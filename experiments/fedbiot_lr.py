@@ -115,7 +115,7 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
                 shown = [result.get(f"{output}/{name}") for output in OUTPUTS]
                 cells.append(
                     " / ".join("-" if v is None else f"{float(v) * factor:.2f}" for v in shown)
-                    + _fewer_seeds(result, len(args.seeds))
+                    + tables.fewer_seeds(result, len(args.seeds))
                     if any(v is not None for v in shown)
                     else "-"
                 )
@@ -139,12 +139,10 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
         f"A method's best lr has the {better} mean of its AdapEmu and AdapFu {metric} (ties: the lower "
         "AdapFu perplexity, then the smaller lr).",
     ]
-    if any(_fewer_seeds(result, len(args.seeds)) for result in results.values() if isinstance(result, dict)):
-        lines += [
-            "",
-            "A cell with fewer seeds than asked names how many it has (the others were not run): its mean "
-            "is over those alone.",
-        ]
+    if any(
+        tables.fewer_seeds(result, len(args.seeds)) for result in results.values() if isinstance(result, dict)
+    ):
+        lines += ["", tables.FEWER_SEEDS_NOTE]
     if best:
         lines += ["", f"The table at these lrs: `--row-lr {chosen}`"]
     if metric != "perplexity":
@@ -155,13 +153,6 @@ def sweep_text(cfg: Any, args: Any, results: dict[str, Any], metric: str, comman
             tables.markdown_table(header[:-1], rows_of("perplexity", 1.0, with_best=False)),
         ]
     return "\n".join(lines)
-
-
-def _fewer_seeds(result: dict[str, Any], asked: int) -> str:
-    """`` (n seeds)`` for a cell measured on fewer seeds than asked (a search extended to more seeds only
-    where its choice was close), else nothing."""
-    have = int(result.get("seeds", asked))
-    return f" ({tables.seeds_text(have)})" if 0 < have < asked else ""
 
 
 def render_sweep(recorded: tables.Recorded) -> str:
@@ -205,7 +196,7 @@ def plot_sweep(cfg: Any, args: Any, results: dict[str, Any], metric: str, path: 
                     capsize=3,
                     label=LABELS[method],
                 )
-                fewer = [(lr, r) for lr, r in points if _fewer_seeds(r, asked)]
+                fewer = [(lr, r) for lr, r in points if tables.fewer_seeds(r, asked)]
                 if fewer:
                     ax.plot(
                         [lr for lr, _ in fewer],

@@ -21,7 +21,16 @@ all but `layout` through it, as ``tables.<name>``.
 
 from bench.common import command_line, markdown_table, sibling
 
-from experiments.tables.aggregate import cell, mean_std, over_seeds, plus_minus, seed_values, seeds_text
+from experiments.tables.aggregate import (
+    FEWER_SEEDS_NOTE,
+    cell,
+    fewer_seeds,
+    mean_std,
+    over_seeds,
+    plus_minus,
+    seed_values,
+    seeds_text,
+)
 from experiments.tables.keep import (
     carried_seeds,
     dropped_values,
@@ -89,6 +98,7 @@ from experiments.tables.verdicts import (
 )
 
 __all__ = [
+    "FEWER_SEEDS_NOTE",
     "REJECTED_HEAD",
     "RESULTS_DIR",
     "Interval",
@@ -108,6 +118,7 @@ __all__ = [
     "dropped_values",
     "earlier_rejections",
     "earlier_results",
+    "fewer_seeds",
     "fill_cells",
     "fill_seeds",
     "finals",

@@ -58,3 +58,16 @@ def cell(
 
 def seeds_text(count: int | str) -> str:
     return f"{count} seed{'' if str(count) == '1' else 's'}"
+
+
+def fewer_seeds(result: Mapping[str, Any], asked: int) -> str:
+    """`` (n seeds)`` for a cell measured on fewer seeds than asked (a search extended to more seeds only
+    where its choice was close, or a cell kept from a previous file), else nothing."""
+    have = int(result.get("seeds", asked))
+    return f" ({seeds_text(have)})" if 0 < have < asked else ""
+
+
+FEWER_SEEDS_NOTE = (
+    "A cell with fewer seeds than asked names how many it has (the others were not run): its mean is over "
+    "those alone."
+)

@@ -17,9 +17,9 @@ from typing import Any
 
 from bench.common import markdown_table, sibling
 
-from experiments.tables.aggregate import cell, over_seeds, seeds_text
-from experiments.tables.keep import write_table
-from experiments.tables.notes import rejected_note
+from experiments.tables.aggregate import FEWER_SEEDS_NOTE, cell, fewer_seeds, over_seeds, seeds_text
+from experiments.tables.keep import keep_earlier_rows, keep_earlier_seeds, write_table
+from experiments.tables.notes import closing_notes
 from experiments.tables.runs import AtLr, finals, plan, row_lrs, start, train_lr
 
 VALIDATION = "data.eval_split=validation"
@@ -138,15 +138,14 @@ def search_text(search: Search, results: Mapping[str, Any], command: str, seeds:
     and the ``--row-lr`` line."""
     cfg, lrs, score = search.cfg, search.lrs, search.score
     best = results.get("best_lr", {})
+
+    def shown(result: Mapping[str, Any]) -> str:
+        value = cell(result.get(f"{score.key}_by_seed"), 2, score.scale)
+        return value if value == "-" else value + fewer_seeds(result, seeds)
+
+    cells = {(row, lr): results.get(search_key(lr, row), {}) for row in search.rows for lr in lrs}
     table = [
-        [
-            search.label(row),
-            *(
-                cell(results.get(search_key(lr, row), {}).get(f"{score.key}_by_seed"), 2, score.scale)
-                for lr in lrs
-            ),
-            f"{best[row]:g}" if row in best else "-",
-        ]
+        [search.label(row), *(shown(cells[row, lr]) for lr in lrs), f"{best[row]:g}" if row in best else "-"]
         for row in search.rows
     ]
     better = "lower" if score.lower_is_better else "higher"
@@ -162,6 +161,8 @@ def search_text(search: Search, results: Mapping[str, Any], command: str, seeds:
         "",
         f"A row's best lr has the {better} mean {score.label} (a tie: the smaller lr).",
     ]
+    if any(fewer_seeds(result, seeds) for result in cells.values()):
+        lines += ["", FEWER_SEEDS_NOTE]
     line = row_lr_line(best, search.row_of)
     return "\n".join([*lines, *(["", line] if line else [])])
 
@@ -211,14 +212,33 @@ def lr_search(
 ) -> dict[str, Any]:
     """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs
     (``at_lr``: how a row trains at an lr); ``summarise``: the table's, a row's run directories -> its
-    values over seeds. Returns the results."""
+    values over seeds. Returns the results.
+
+    With ``--keep-earlier`` a row and lr none of whose runs is here keeps what the previous file recorded,
+    whole; one with some seeds' runs here takes the other seeds asked for from that file, seed by seed (a
+    search extended on another machine, or a row searched since the others' runs went); the file names
+    both."""
     runs = plan(base, search_rows(rows, search.lrs, at_lr), args.seeds, args.set)
     start(args, runs.runs)
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
+    for result in results.values():  # how many seeds a cell has, as --keep-earlier reads it
+        result.setdefault("seeds", len(result.get(f"{search.score.key}_by_seed", {})))
+    stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
+    keep = getattr(args, "keep_earlier", False)
+    kept = keep_earlier_rows(results, stem) if keep else []
+    seeds_kept = keep_earlier_seeds(results, stem, args.seeds, kept) if keep else {}
     results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)
     text = search_text(search, results, command, len(args.seeds))
-    text += rejected_note(path for paths in runs.dirs.values() for path in paths)
-    stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
+    labels = {
+        search_key(lr, row): f"{search.label(row)} at lr {lr:g}" for lr in search.lrs for row in search.rows
+    }
+    text += closing_notes(
+        runs.dirs,
+        stem,
+        args,
+        kept_rows=[labels[key] for key in kept],
+        kept_seeds={labels[key]: seeds for key, seeds in seeds_kept.items()},
+    )
     write_table(stem, text, search.cfg.name, command, results, args)
     plot_search(search, results, sibling(stem, ".png"))
     return results

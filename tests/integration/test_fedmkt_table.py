@@ -442,6 +442,39 @@ def test_lr_search_scores_the_models_each_run_trains_and_names_each_rows_best(tm
         fedmkt_table.main([*argv, "--lrs", "0.001", "--datasets", "wic", "instruct", "--table-only"])
 
 
+def test_lr_search_with_keep_earlier_keeps_rows_and_seeds_whose_runs_are_elsewhere(tmp_path: Path) -> None:
+    """A search extended on a machine that has neither Standalone's runs nor FedMKT's seed 0: with
+    ``--keep-earlier`` Standalone's cell is kept whole and FedMKT's takes seed 0 from the previous file
+    beside seed 1 from its run here; the .md names both. Without it the write is refused."""
+    # Prepare: the previous search file; FedMKT's seed-1 run here (LLM 12, SLM 16: score 14)
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    slm = yaml.safe_load(config.read_text())["fedmkt"]["clients"][0]
+    runs, results_dir = tmp_path / "runs" / "fedmkt-tiny", tmp_path / "results"
+    _fake_fedmkt_run(runs / "lr0.001-wic-one-fedmkt-s1", 12.0, 16.0, lr=0.001, clients=slm)
+    earlier = {
+        "lr0.001-wic-one-fedmkt": {"seeds": 1, "score": 20.0, "score_by_seed": {"0": 20.0}},
+        "lr0.001-wic-one-standalone": {"seeds": 1, "score": 25.0, "score_by_seed": {"0": 25.0}},
+    }
+    results_dir.mkdir()
+    (results_dir / "sweep-lr-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--datasets", "wic", "--settings", "one", "--rows", "fedmkt", "standalone", "--seeds", "0", "1"]
+    argv += ["--lrs", "0.001", "--set", "fed.rounds=1", "--table-only"]
+    # Execute / Assert
+    with pytest.raises(SystemExit, match="this write would drop"):
+        fedmkt_table.main(argv)
+    fedmkt_table.main([*argv, "--keep-earlier"])
+    recorded = json.loads((results_dir / "sweep-lr-fedmkt-tiny.json").read_text())["results"]
+    assert recorded["lr0.001-wic-one-fedmkt"]["score_by_seed"] == {"0": 20.0, "1": 14.0}
+    assert recorded["lr0.001-wic-one-fedmkt"]["score"] == pytest.approx(17.0)
+    assert recorded["lr0.001-wic-one-standalone"]["score_by_seed"] == {"0": 25.0}
+    text = (results_dir / "sweep-lr-fedmkt-tiny.md").read_text()
+    assert "| FedMKT, wic one | 17.00 ± 4.24 | 0.001 |" in text  # 20, 14: sample std sqrt(18)
+    assert "| Standalone, wic one | 25.00 (1 seed) | 0.001 |" in text and "fewer seeds than asked" in text
+    assert "(no run of theirs here, `--keep-earlier`): Standalone, wic one at lr 0.001." in text
+    assert "Seeds kept from the previous results file" in text and "FedMKT, wic one at lr 0.001: 0." in text
+
+
 def test_row_lr_trains_every_model_of_a_row_at_its_lr_in_runs_of_its_own(tmp_path: Path) -> None:
     # Prepare
     cfg = load_config(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
