@@ -22,6 +22,7 @@ import numpy as np
 
 from experiments import plots, tables
 from experiments.fedbiot_rows import LABELS, METHODS, primary_metric, start
+from experiments.tables.search import keep_earlier_cells
 
 OUTPUTS = ("adapemu", "adapfu")
 
@@ -64,14 +65,10 @@ def lr_sweep(args: Any, cfg: Any, base: Path, metric: str, command: str, summari
     start(args, runs)
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
     results: dict[str, Any] = {key: summarise(paths, metric) for key, paths in runs.dirs.items()}
-    kept = tables.keep_earlier_rows(results, stem) if args.keep_earlier else []
-    seeds_kept = tables.keep_earlier_seeds(results, stem, args.seeds, kept) if args.keep_earlier else {}
+    kept = keep_earlier_cells(args, results, stem, kept_label)
     results["best_lr"] = best_lrs(args, results, metric)
     text = sweep_text(cfg, args, results, metric, command)
-    kept_seeds = {kept_label(key): seeds for key, seeds in seeds_kept.items()}
-    text += tables.closing_notes(
-        runs.dirs, stem, args, kept_rows=[kept_label(key) for key in kept], kept_seeds=kept_seeds
-    )
+    text += tables.closing_notes(runs.dirs, stem, args, **kept)
     tables.write_table(stem, text, cfg.name, command, results, args)
     plot_sweep(cfg, args, results, metric, tables.sibling(stem, ".png"))
 

@@ -224,24 +224,31 @@ def lr_search(
     for result in results.values():  # how many seeds a cell has, as --keep-earlier reads it
         result.setdefault("seeds", len(result.get(f"{search.score.key}_by_seed", {})))
     stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
-    keep = getattr(args, "keep_earlier", False)
-    kept = keep_earlier_rows(results, stem) if keep else []
-    seeds_kept = keep_earlier_seeds(results, stem, args.seeds, kept) if keep else {}
-    results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)
-    text = search_text(search, results, command, len(args.seeds))
     labels = {
         search_key(lr, row): f"{search.label(row)} at lr {lr:g}" for lr in search.lrs for row in search.rows
     }
-    text += closing_notes(
-        runs.dirs,
-        stem,
-        args,
-        kept_rows=[labels[key] for key in kept],
-        kept_seeds={labels[key]: seeds for key, seeds in seeds_kept.items()},
-    )
+    kept = keep_earlier_cells(args, results, stem, labels.__getitem__)
+    results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)
+    text = search_text(search, results, command, len(args.seeds))
+    text += closing_notes(runs.dirs, stem, args, **kept)
     write_table(stem, text, search.cfg.name, command, results, args)
     plot_search(search, results, sibling(stem, ".png"))
     return results
+
+
+def keep_earlier_cells(
+    args: argparse.Namespace, results: dict[str, Any], stem: Path, label: Callable[[str], str]
+) -> dict[str, Any]:
+    """``--keep-earlier`` for a search, kept cell by cell (a row at an lr): a cell none of whose runs is
+    here takes what the previous ``<stem>.json`` recorded, whole (`keep_earlier_rows`); one with some
+    seeds' runs here takes the other seeds asked for from that file, seed by seed (`keep_earlier_seeds`).
+    Returns the `closing_notes` keywords that name them, each cell as ``label(key)`` names it (none
+    without ``--keep-earlier``)."""
+    if not getattr(args, "keep_earlier", False):
+        return {}
+    rows = keep_earlier_rows(results, stem)
+    seeds = keep_earlier_seeds(results, stem, args.seeds, rows)
+    return {"kept_rows": [label(key) for key in rows], "kept_seeds": {label(k): s for k, s in seeds.items()}}
 
 
 def render_search(recorded: Any, search: Search) -> str:
