@@ -59,9 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     from fedtune.config import load_config
 
     cfg = load_config(args.config, args.set)
+    chosen = variants(cfg, args.variants)  # an unknown one is refused before minutes of measuring
     results: dict[str, dict[str, Any]] = {"baseline": {"client_peak_mem_mb": baseline_mb()}}
     with tempfile.TemporaryDirectory(prefix="fedmkt-memory-") as tmp:
-        for name, overrides in variants(cfg, args.variants).items():
+        for name, overrides in chosen.items():
             run_dir = Path(tmp) / name.replace(":", "-")
             results[name] = measure(args.config, [*SHORT, *overrides, *args.set], run_dir)
     base = results["baseline"]["client_peak_mem_mb"]

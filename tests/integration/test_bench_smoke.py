@@ -97,6 +97,7 @@ def test_p6_smoke_caches_the_teacher_once(tmp_path: Path) -> None:
     assert record["cache_mb"] > 0 and _positive(record["summary"]["disk"]["ratio_to_kd_pass"])
 
 
+@pytest.mark.slow  # a Flower run beside an in-process one: 76 s in CI; test_flower.py checks they agree
 def test_p8_smoke_runs_both_backends(tmp_path: Path) -> None:
     _load("flower_overhead").main(["--smoke", "--results-dir", str(tmp_path)])
     record = json.loads((tmp_path / "p8.smoke.json").read_text())
@@ -208,6 +209,7 @@ def test_p1_p2_smoke_writes_both_results(tmp_path: Path) -> None:
     assert all(row["identical"] for row in p2["samples"])
 
 
+@pytest.mark.slow  # loopback Flower runs of a client each: 100 s in CI; the bench variants are checked below
 def test_fedbiot_memory_measures_client_processes_on_flower(tmp_path: Path) -> None:
     config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"
     results_dir = tmp_path / "results"
@@ -225,12 +227,25 @@ def test_fedbiot_memory_measures_client_processes_on_flower(tmp_path: Path) -> N
     assert "FedBiOT adapter 2, emulator d=0.2" in table and "no model" in table
 
 
+def test_fedmkt_memory_refuses_an_unknown_variant_before_measuring_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fedmkt_memory = _load("fedmkt_memory")
+    config = str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+
+    def measured(*args: object) -> float:
+        raise AssertionError("measured before the variants were checked")
+
+    monkeypatch.setattr(fedmkt_memory, "baseline_mb", measured)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        fedmkt_memory.main([config, "--variants", "slm:nope", "--results-dir", str(tmp_path)])
+
+
+@pytest.mark.slow  # a client process of its own per variant: 80 s in CI; the unknown variant is refused above
 def test_fedmkt_memory_measures_a_client_process_of_its_own(tmp_path: Path) -> None:
     fedmkt_memory = _load("fedmkt_memory")
     config = str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
     slm = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())["fedmkt"]["clients"][0]
-    with pytest.raises(SystemExit, match="unknown variant"):
-        fedmkt_memory.main([config, "--variants", "slm:nope", "--results-dir", str(tmp_path)])
     fedmkt_memory.main([config, "--variants", f"slm:{slm}", "--results-dir", str(tmp_path)])
     results = json.loads((tmp_path / "memory-fedmkt-tiny.json").read_text())["results"]
     assert results[f"slm:{slm}"]["client_peak_mem_mb"] > results["baseline"]["client_peak_mem_mb"] > 0
