@@ -60,10 +60,26 @@ def seeds_text(count: int | str) -> str:
     return f"{count} seed{'' if str(count) == '1' else 's'}"
 
 
+def seeds_of(entry: Mapping[str, Any]) -> set[str]:
+    """The seeds any per-seed value (``<key>_by_seed``) of a results entry has."""
+    return {
+        seed
+        for name, by_seed in entry.items()
+        if name.endswith("_by_seed") and isinstance(by_seed, dict)
+        for seed in by_seed
+    }
+
+
+def seed_count(entry: Mapping[str, Any]) -> int:
+    """How many seeds a results entry has: the ``seeds`` it records, else the seeds its per-seed values
+    have (a file written before its entries recorded the count)."""
+    return int(entry["seeds"]) if "seeds" in entry else len(seeds_of(entry))
+
+
 def fewer_seeds(result: Mapping[str, Any], asked: int) -> str:
     """`` (n seeds)`` for a cell measured on fewer seeds than asked (a search extended to more seeds only
     where its choice was close, or a cell kept from a previous file), else nothing."""
-    have = int(result.get("seeds", asked))
+    have = seed_count(result)
     return f" ({seeds_text(have)})" if 0 < have < asked else ""
 
 

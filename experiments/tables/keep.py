@@ -16,7 +16,7 @@ import numpy as np
 from bench.common import sibling
 from bench.common import write_table as write_files
 
-from experiments.tables.aggregate import over_seeds
+from experiments.tables.aggregate import over_seeds, seed_count, seeds_of
 
 KEEP_FLAGS = {"--keep-earlier": "keep_earlier", "--add": "add"}  # what keeps a table's earlier values
 
@@ -90,7 +90,7 @@ def keep_earlier_rows(results: dict[str, dict[str, Any]], stem: Path) -> list[st
     kept = [
         key
         for key, result in results.items()
-        if not result.get("seeds") and earlier.get(key, {}).get("seeds")
+        if not seed_count(result) and isinstance(earlier.get(key), dict) and seed_count(earlier[key])
     ]
     for key in kept:
         results[key] = earlier[key]
@@ -156,9 +156,9 @@ def keep_earlier_seeds(
     kept: dict[str, list[str]] = {}
     for key, result in results.items():
         before = earlier.get(key, {})
-        if key in skipped or not result.get("seeds") or not isinstance(before, dict):
+        if key in skipped or not seed_count(result) or not isinstance(before, dict):
             continue
-        elsewhere = _seeds_of(before) - _seeds_of(result)
+        elsewhere = seeds_of(before) - seeds_of(result)
         refuse_lr_mix(key, before, result.get("lr"), [seed for seed in asked if seed in elsewhere])
         taken: set[str] = set()
         for name, values in before.items():
@@ -170,20 +170,9 @@ def keep_earlier_seeds(
                 result |= over_seeds(name.removesuffix("_by_seed"), here)
                 taken |= set(extra)
         if taken:
-            everyone = {seed for name, v in result.items() if name.endswith("_by_seed") for seed in v}
-            result["seeds"] = len(everyone)
+            result["seeds"] = len(seeds_of(result))
             kept[key] = sorted(taken, key=int)
     return kept
-
-
-def _seeds_of(entry: Mapping[str, Any]) -> set[str]:
-    """The seeds any per-seed value (``<key>_by_seed``) of a results entry has."""
-    return {
-        seed
-        for name, by_seed in entry.items()
-        if name.endswith("_by_seed") and isinstance(by_seed, dict)
-        for seed in by_seed
-    }
 
 
 def refuse_lr_mix(

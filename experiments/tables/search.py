@@ -221,7 +221,7 @@ def lr_search(
     runs = plan(base, search_rows(rows, search.lrs, at_lr), args.seeds, args.set)
     start(args, runs.runs)
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
-    for result in results.values():  # how many seeds a cell has, as --keep-earlier reads it
+    for result in results.values():  # how many seeds a cell has, as every table records it
         result.setdefault("seeds", len(result.get(f"{search.score.key}_by_seed", {})))
     stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
     labels = {

@@ -367,3 +367,21 @@ def test_a_table_names_runs_that_computed_at_different_thread_counts(tmp_path: P
     assert "1 thread(s): fedot-s0, offsite-s0; 2 thread(s): fedot-s1." in text
     assert same == "" and notes.run_threads(old) is None
     assert notes.run_notes("# table\n\n| a |" + text) == text  # --render keeps it
+
+
+def test_keep_earlier_counts_a_cells_seeds_from_its_values_in_a_file_that_did_not_record_the_count(
+    tmp_path: Path,
+) -> None:
+    """A search file written before cells recorded ``seeds`` still has every cell's per-seed values:
+    --keep-earlier keeps a row none of whose runs is here, and fills a row's missing seed, from them."""
+    earlier = {
+        "whole": {"score": 0.4, "score_std": 0.0, "score_by_seed": {"0": 0.4}},
+        "part": {"score": 0.3, "score_std": 0.0, "score_by_seed": {"0": 0.3}},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps({"results": earlier}))
+    results = {"whole": {}, "part": tables.over_seeds("score", {"1": 0.5})}
+    assert tables.keep_earlier_rows(results, tmp_path / "sweep") == ["whole"]
+    assert results["whole"] == earlier["whole"]
+    assert tables.keep_earlier_seeds(results, tmp_path / "sweep", [0, 1], ["whole"]) == {"part": ["0"]}
+    assert results["part"]["score_by_seed"] == {"1": 0.5, "0": 0.3}
+    assert tables.fewer_seeds(earlier["whole"], 3) == " (1 seed)"
