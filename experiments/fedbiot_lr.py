@@ -22,7 +22,7 @@ import numpy as np
 
 from experiments import plots, tables
 from experiments.fedbiot_rows import LABELS, METHODS, primary_metric, start
-from experiments.tables.search import keep_earlier_cells
+from experiments.tables import search
 
 OUTPUTS = ("adapemu", "adapfu")
 
@@ -65,7 +65,7 @@ def lr_sweep(args: Any, cfg: Any, base: Path, metric: str, command: str, summari
     start(args, runs)
     stem = args.results_dir / f"sweep-lr-{cfg.name}"
     results: dict[str, Any] = {key: summarise(paths, metric) for key, paths in runs.dirs.items()}
-    kept = keep_earlier_cells(args, results, stem, kept_label)
+    kept = search.keep_earlier_cells(args, results, stem, kept_label)
     results["best_lr"] = best_lrs(args, results, metric)
     text = sweep_text(cfg, args, results, metric, command)
     text += tables.closing_notes(runs.dirs, stem, args, **kept)

@@ -16,7 +16,8 @@ this package does the rest, one module a concern:
 - `layout`: a table's markdown columns, declared (`layout.Column`, `layout.table`).
 
 Plots: `experiments.plots`. A script imports the package (``from experiments import tables``) and reaches
-all but `layout` through it, as ``tables.<name>``.
+all but two modules through it, as ``tables.<name>``; those two it imports as modules (``from
+experiments.tables import layout, search``): `layout` and `search`, a table's lr search on validation.
 """
 
 from bench.common import command_line, markdown_table, sibling

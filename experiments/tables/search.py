@@ -17,7 +17,14 @@ from typing import Any
 
 from bench.common import markdown_table, sibling
 
-from experiments.tables.aggregate import FEWER_SEEDS_NOTE, cell, fewer_seeds, over_seeds, seeds_text
+from experiments.tables.aggregate import (
+    FEWER_SEEDS_NOTE,
+    cell,
+    fewer_seeds,
+    over_seeds,
+    seed_count,
+    seeds_text,
+)
 from experiments.tables.keep import keep_earlier_rows, keep_earlier_seeds, write_table
 from experiments.tables.notes import closing_notes
 from experiments.tables.runs import AtLr, finals, plan, row_lrs, start, train_lr
@@ -222,7 +229,7 @@ def lr_search(
     start(args, runs.runs)
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
     for result in results.values():  # how many seeds a cell has, as every table records it
-        result.setdefault("seeds", len(result.get(f"{search.score.key}_by_seed", {})))
+        result.setdefault("seeds", seed_count(result))
     stem = args.results_dir / f"{PREFIX}{search.cfg.name}"
     labels = {
         search_key(lr, row): f"{search.label(row)} at lr {lr:g}" for lr in search.lrs for row in search.rows
