@@ -130,7 +130,8 @@ def write_rounds(
 ) -> None:
     """``rounds-<config>`` (.md, .json, .png): every round of the finished FedMKT runs asked for (``own``:
     the rows' own lrs, ``--row-lr``; with ``--keep-earlier``, and of the seeds asked for whose runs are
-    elsewhere, from the previous file)."""
+    elsewhere, from the previous file). Nothing is written where no run has a round and there is no
+    previous file: an empty file would only sit beside the table."""
     stem = args.results_dir / f"rounds-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else {}
     curves: dict[str, Any] = {}
@@ -149,6 +150,9 @@ def write_rounds(
                 carried[key] = kept
             if by_round:
                 curves[key] = dict(sorted(by_round.items(), key=lambda item: int(item[0])))
+    if not curves and not tables.sibling(stem, ".json").exists():
+        print(f"no FedMKT run here has a round to show: {stem.name} not written")
+        return
     text = rounds_markdown(cfg, curves, command, carried, root)
     results = {**curves, "carried": carried} if carried else curves
     tables.write_table(stem, text, str(args.config), command, results, args)

@@ -511,3 +511,15 @@ def test_row_lr_trains_every_model_of_a_row_at_its_lr_in_runs_of_its_own(tmp_pat
         ["--render", str(tmp_path / "table-fedmkt-tiny.json"), "--results-dir", str(tmp_path / "r")]
     )
     assert (tmp_path / "r" / "table-fedmkt-tiny.md").read_text() == table
+
+
+def test_no_rounds_file_is_written_where_no_fedmkt_run_has_a_round(tmp_path: Path) -> None:
+    """A table whose FedMKT cells are all kept from elsewhere (or not run yet) has no round to show: the
+    script must not leave an empty ``rounds-<config>`` file beside the table."""
+    results_dir = tmp_path / "results"
+    argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--results-dir", str(results_dir), "--settings", "hetero2", "--datasets", "instruct"]
+    fedmkt_table.main([*argv, "--seeds", "0", "--table-only", "--set=fed.rounds=2"])
+
+    assert (results_dir / "table-fedmkt-tiny.md").is_file()
+    assert not list(results_dir.glob("rounds-fedmkt-tiny.*"))
