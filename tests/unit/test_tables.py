@@ -285,6 +285,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedpt_table", "table-fedpt-smollm2-lr"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2-dirichlet"),
+        ("fedpt_table", "table-fedpt-smollm2-dirichlet-lr"),
         ("unequal_table", "search-unequal-smollm2"),
         ("unequal_table", "table-unequal-smollm2"),
     ],
