@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import subprocess
+import sys
+import threading
+import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +50,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def tiny_config_path() -> Path:
     return TINY_CONFIG
+
+
+_IN_PROCESS = threading.Lock()
+
+
+@pytest.fixture
+def fedtune_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m fedtune ...`` subprocesses (the experiment tables' runs) run in this process instead,
+    one at a time, their output appended to the log file they were given.
+
+    Each subprocess spent ~8 s of its ~11 s importing torch, transformers and peft before a tiny run;
+    a table test starts up to a dozen. The command line, the exit code and the run directory are the
+    same; ``tests/integration/test_perfit_table.py`` keeps the real subprocesses (and ``--jobs 2``).
+    """
+    real_run = subprocess.run
+
+    def run(command: Any, *args: Any, **kwargs: Any) -> Any:
+        argv = [str(part) for part in command] if isinstance(command, (list, tuple)) else None
+        if argv is None or argv[:3] != [sys.executable, "-m", "fedtune"] or args:
+            return real_run(command, *args, **kwargs)
+        from fedtune.cli import app
+
+        out = kwargs.get("stdout")
+        sink = out if hasattr(out, "write") else io.StringIO()
+        with _IN_PROCESS, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            try:
+                code = app(argv[3:], prog_name="fedtune", standalone_mode=False)
+            except SystemExit as exc:
+                code = exc.code
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        return subprocess.CompletedProcess(command, int(code or 0))
+
+    monkeypatch.setattr(subprocess, "run", run)

@@ -14,6 +14,9 @@ from experiments import fedbiot_ablation, fedbiot_rows, fedbiot_table, fedbiot_t
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
+# The runs of these tables run in this process (tests/conftest.py): a subprocess each cost ~8 s of imports.
+pytestmark = pytest.mark.usefixtures("fedtune_in_process")
+
 
 def test_table_runs_methods_and_tabulates(tmp_path: Path, capsys: object) -> None:
     config = ROOT / "configs" / "test" / "fedbiot-tiny.yaml"

@@ -13,6 +13,9 @@ from experiments import fedmkt_models, fedmkt_table, tables
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
+# The runs of these tables run in this process (tests/conftest.py): a subprocess each cost ~8 s of imports.
+pytestmark = pytest.mark.usefixtures("fedtune_in_process")
+
 
 def test_table_runs_the_one_to_one_setting_and_saves_its_numbers(tmp_path: Path) -> None:
     raw = yaml.safe_load((ROOT / "configs" / "test" / "fedmkt-tiny.yaml").read_text())

@@ -12,6 +12,9 @@ from experiments import fedpft_rows, fedpft_table
 
 from tests.integration.helpers import ROOT
 
+# The runs of these tables run in this process (tests/conftest.py): a subprocess each cost ~8 s of imports.
+pytestmark = pytest.mark.usefixtures("fedtune_in_process")
+
 
 def test_table_runs_rows_and_checks_the_ordering(tmp_path: Path) -> None:
     config = ROOT / "configs" / "test" / "fedpft-tiny.yaml"

@@ -12,6 +12,9 @@ from experiments import fedpt_rows, fedpt_table
 from fedtune.config import load_config
 from tests.integration.helpers import ROOT
 
+# The runs of these tables run in this process (tests/conftest.py): a subprocess each cost ~8 s of imports.
+pytestmark = pytest.mark.usefixtures("fedtune_in_process")
+
 
 def test_fedavg_large_stays_on_the_large_model_when_set_changes_the_small_one() -> None:
     from fedtune.config import load_config

@@ -37,7 +37,9 @@ Deviations and known limits (Flower 1.41 as installed here):
   start, reply push polling) is ~5-9 s per round on 2 busy cores: see P8 in bench/README.md.
 - A killed SuperNode is detected by the round's timeout (``fed.client_timeout``, else
   ``flower.reply_timeout``): the SuperLink marks a node offline only after ~60 s without heartbeat.
-  A restarted SuperNode gets a new node id and takes its partition's place at the next call.
+  A restarted SuperNode gets a new node id and takes its partition's place at the next call; a new
+  ServerApp's greeting stops waiting for the vanished node's hello once the live nodes serve every
+  client (it would otherwise wait until the SuperLink drops the node).
 - Client state that must persist lives in ``context.state`` and on the client's disk (a checkpoint
   per round); the server's checkpoints hold no client state on this backend. Algorithms that
   read the simulation's ``fed.states`` on the server (FedIT's standalone-mode evaluation of the

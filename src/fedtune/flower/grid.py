@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import Message, RecordDict
@@ -115,22 +115,40 @@ class GridFederation:
             )
             for node in nodes
         }
-        replies = self._exchange(messages, self.hello_timeout)
+        # A SuperNode that vanished stays listed until the SuperLink misses its heartbeats (~40-60 s), and
+        # its hello is never answered: once the nodes that did answer serve every client of the run, the
+        # greeting stops waiting for the rest (a restarted node's new id has taken its client's place).
+        replies = self._exchange(messages, self.hello_timeout, enough=self._serve_every_client)
+        every_client_served = self._serve_every_client(replies)
         for node in nodes:
             reply = replies.get(node)
+            if reply is None and every_client_served:
+                log.info("SuperNode %d had not answered when every client was served; it is not used", node)
+                self._seen[node] = None
+                continue
             if reply is None or reply.has_error():
                 log.warning("SuperNode %d did not say which client it serves; it is not used", node)
                 self._seen[node] = None
                 continue
-            partition = int(decode_meta(reply.content).get("partition-id", -1))
-            client = self._client_ids[partition] if 0 <= partition < len(self._client_ids) else None
+            client = self._client_of_hello(reply)
             self._seen[node] = client
             if client is None:
-                log.warning("SuperNode %d serves partition %d, outside this run's clients", node, partition)
+                partition = decode_meta(reply.content).get("partition-id")
+                log.warning("SuperNode %d serves partition %s, outside this run's clients", node, partition)
             else:
                 # The newest node of a partition wins: a restarted SuperNode replaces its old self.
                 self.node_of[client] = node
                 log.info("SuperNode %d serves %s", node, client)
+
+    def _client_of_hello(self, reply: Message) -> str | None:
+        """The client a SuperNode's hello reply says it serves (None: outside this run's clients)."""
+        partition = int(decode_meta(reply.content).get("partition-id", -1))
+        return self._client_ids[partition] if 0 <= partition < len(self._client_ids) else None
+
+    def _serve_every_client(self, replies: Mapping[int, Message]) -> bool:
+        """Whether the hellos answered so far name a node for every client of the run."""
+        served = {self._client_of_hello(reply) for reply in replies.values() if not reply.has_error()}
+        return served.issuperset(self._client_ids)
 
     def _message(
         self, payload: Payload, node: int, message_type: str, meta: Mapping[str, Any], ttl: float
@@ -144,8 +162,14 @@ class GridFederation:
             ttl=ttl,
         )
 
-    def _exchange(self, messages: Mapping[int, Message], timeout: float) -> dict[int, Message]:
-        """Push ``messages`` (by destination node), pull replies until all came or ``timeout``."""
+    def _exchange(
+        self,
+        messages: Mapping[int, Message],
+        timeout: float,
+        enough: Callable[[Mapping[int, Message]], bool] | None = None,
+    ) -> dict[int, Message]:
+        """Push ``messages`` (by destination node), pull replies until all came, ``timeout`` passed or
+        the replies so far are ``enough``."""
         if not messages:
             return {}
         ids = list(self.grid.push_messages(list(messages.values())))
@@ -159,7 +183,7 @@ class GridFederation:
                 if message_id in pending:
                     pending.discard(message_id)
                     replies[node_of_message[message_id]] = reply
-            if not pending or time.monotonic() >= deadline:
+            if not pending or time.monotonic() >= deadline or (enough is not None and enough(replies)):
                 break
             time.sleep(self.poll_interval)
         return replies
