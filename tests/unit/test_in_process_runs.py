@@ -1,0 +1,27 @@
+"""The ``fedtune_in_process`` fixture (tests/conftest.py) that the table tests run their runs under: a
+failing run must fail the table as the subprocess did, with its error in the run's log."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from experiments.tables import runs
+
+pytestmark = pytest.mark.usefixtures("fedtune_in_process")
+
+
+def test_a_failing_run_raises_naming_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    missing = tmp_path / "missing.yaml"
+    command = [sys.executable, "-m", "fedtune", "run", str(missing), "-o", str(tmp_path / "r")]
+    with pytest.raises(RuntimeError, match="fedtune exited with 2"):
+        runs.logged(command, log, tmp_path / "r")
+    assert "missing.yaml" in log.read_text()
+
+
+def test_other_commands_still_run_as_subprocesses(tmp_path: Path) -> None:
+    log = tmp_path / "echo.log"
+    runs.logged([sys.executable, "-c", "print('from a subprocess')"], log, tmp_path)
+    assert log.read_text() == "from a subprocess\n"
