@@ -77,8 +77,11 @@ def fedtune_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
         with _IN_PROCESS, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             try:
                 code = app(argv[3:], prog_name="fedtune", standalone_mode=False)
-            except SystemExit as exc:
+            except SystemExit as exc:  # as a subprocess: sys.exit("why") prints why and exits 1
                 code = exc.code
+                if code is not None and not isinstance(code, int):
+                    print(code, file=sys.stderr)
+                    code = 1
             except Exception:  # as a subprocess: a traceback in the log, exit code 1 (Ctrl-C still stops)
                 traceback.print_exc()
                 code = 1
