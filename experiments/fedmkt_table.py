@@ -36,9 +36,10 @@ Standalone < FedMKT; LLM: Zero-shot < FedMKT ≈ Centralized) on the means and s
 ``--jobs`` at a time with one thread each; rerunning resumes unfinished runs and skips finished ones.
 ``--rows`` starts only the named rows' runs (``fedmkt``, ``standalone``, ``centralized``, ``llmpublic``,
 ``slmpublic``, ``fedavg``, ``llm2slm``; the Zero-shot row is the FedMKT run's round 0): a seed whose other
-rows were run elsewhere needs its FedMKT run alone. ``--set`` changes the config before the settings do
-(a run's own overrides win): with ``name=`` it gives a table and runs directory of their own, e.g. for a
-larger LLM beside the same SLMs.
+rows were run elsewhere needs its FedMKT run alone. ``--models llm gemma-3-270m`` starts only those
+models' Centralized runs (one run a model), in a table or a search. ``--set`` changes the config before
+the settings do (a run's own overrides win): with ``name=`` it gives a table and runs directory of their
+own, e.g. for a larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
 
@@ -57,6 +58,7 @@ one; where their best lrs differ the search says so instead of giving one ``--ro
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -187,6 +189,39 @@ def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str
     return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
 
 
+def centralized_model(run: str) -> str | None:
+    """The model a Centralized run directory ``run`` trains, ``llm`` or an SLM's name (the directory:
+    ``<dataset>-centralized-<model>[-lr<lr>]-s<seed>``, a search's ``lr<lr>-`` before it); None for a run
+    of any other row."""
+    found = re.search(r"-centralized-(.+?)(?:-lr[0-9.]+(?:e[+-]?[0-9]+)?)?-s[0-9]+$", run)
+    return None if found is None else found.group(1)
+
+
+def pick_models(jobs: Mapping[Any, Sequence[str]], models: Sequence[str] | None) -> dict[Any, Sequence[str]]:
+    """The runs of ``jobs`` (run directory, or its name, -> overrides) that ``--models`` lets start: every
+    run but a Centralized one of a model not among ``models`` (None: every run)."""
+    if not models:
+        return dict(jobs)
+    return {
+        run: overrides
+        for run, overrides in jobs.items()
+        if centralized_model(Path(str(run)).name) in (None, *models)
+    }
+
+
+def check_models(parser: argparse.ArgumentParser, cfg: Any, args: Any) -> None:
+    """``--models`` names Centralized runs: ``llm`` or an SLM of the settings asked for, with the
+    centralized row among ``--rows``; anything else is a usage error that names what it may be."""
+    if not args.models:
+        return
+    if "centralized" not in args.rows:
+        parser.error("--models picks which Centralized runs start: give it with centralized among --rows")
+    known = ["llm", *dict.fromkeys(name for setting in args.settings for name in slms(cfg, setting))]
+    unknown = [name for name in args.models if name not in known]
+    if unknown:
+        parser.error(f"--models {' '.join(unknown)}: not a model of these settings' Centralized runs {known}")
+
+
 def searched(cfg: Any, datasets: list[str], chosen: list[str], rows: list[str]) -> dict[str, list[str]]:
     """What ``--lrs`` searches: every run of ``rows`` in ``datasets`` x ``chosen`` (its name without the
     seed -> its overrides; the runs the settings share once), the FedMKT run's Zero-shot round aside."""
@@ -254,7 +289,9 @@ def lr_search(cfg: Any, args: Any, parser: argparse.ArgumentParser, root: Path, 
         return tables.over_seeds("score", {seed: v for seed, v in values.items() if v is not None})
 
     rows = searched(cfg, args.datasets, args.settings, args.rows)
-    search.lr_search(args, found, root, rows, command, summarise, at_lr)
+    search.lr_search(
+        args, found, root, rows, command, summarise, at_lr, starts=lambda runs: pick_models(runs, args.models)
+    )
 
 
 def scores(cfg: Any, setting: str, run_dir: Path, metric: str, rnd: int | None) -> dict[str, float] | None:
@@ -544,6 +581,13 @@ def main(argv: list[str] | None = None) -> None:
         help="start only these rows' runs (default: all); the table reads every row, --keep-earlier "
         "keeping the values of runs made elsewhere; with --lrs, the rows searched",
     )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        metavar="MODEL",
+        help="start only these models' Centralized runs (llm, or an SLM's name; default every one): a "
+        "Centralized run is one model's, so a search or a table can run some models and keep the others",
+    )
     tables.row_lr_option(parser, "fedmkt=0.0001")
     search.lrs_option(parser)
     args = tables.parse_args(parser, argv)
@@ -559,13 +603,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = tables.load_config(args)
     root = args.runs_dir / cfg.name
     command = tables.command_line(__file__, argv)
+    check_models(parser, cfg, args)
     if args.lrs:
         lr_search(cfg, args, parser, root, command)
         return
     stem = args.results_dir / f"table-{cfg.name}"
     earlier = tables.earlier_results(stem) if args.keep_earlier else None
     jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set, own)
-    tables.start(args, {root / name: overrides for name, overrides in pick_rows(jobs, args.rows).items()})
+    picked = pick_models(pick_rows(jobs, args.rows), args.models)
+    tables.start(args, {root / name: overrides for name, overrides in picked.items()})
     results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own)
     text = markdown(cfg, results, args.datasets, args.settings, root, command)
     text += tables.closing_notes({"every run": [root / name for name in jobs]}, stem, args)

@@ -216,17 +216,19 @@ def lr_search(
     command: str,
     summarise: Callable[[list[Path]], dict[str, Any]],
     at_lr: AtLr = train_lr,
+    starts: Callable[[Mapping[Path, Sequence[str]]], Mapping[Path, Sequence[str]]] | None = None,
 ) -> dict[str, Any]:
     """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs
     (``at_lr``: how a row trains at an lr); ``summarise``: the table's, a row's run directories -> its
-    values over seeds. Returns the results.
+    values over seeds; ``starts``: the runs of those planned (run directory -> overrides) that start
+    (default every one; the others are read where they are). Returns the results.
 
     With ``--keep-earlier`` a row and lr none of whose runs is here keeps what the previous file recorded,
     whole; one with some seeds' runs here takes the other seeds asked for from that file, seed by seed (a
     search extended on another machine, or a row searched since the others' runs went); the file names
     both."""
     runs = plan(base, search_rows(rows, search.lrs, at_lr), args.seeds, args.set)
-    start(args, runs.runs)
+    start(args, runs.runs if starts is None else starts(runs.runs))
     results: dict[str, Any] = {key: summarise(paths) for key, paths in runs.dirs.items()}
     for result in results.values():  # how many seeds a cell has, as every table records it
         result.setdefault("seeds", seed_count(result))

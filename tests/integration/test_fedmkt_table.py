@@ -526,3 +526,33 @@ def test_no_rounds_file_is_written_where_no_fedmkt_run_has_a_round(tmp_path: Pat
 
     assert (results_dir / "table-fedmkt-tiny.md").is_file()
     assert not list(results_dir.glob("rounds-fedmkt-tiny.*"))
+
+
+def test_models_picks_which_centralized_runs_start_in_a_table_and_in_a_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--models llm``: of the Centralized runs (one a model) only the LLM's start, the other rows' runs
+    as ``--rows`` says; in a search too, at every lr; a model no setting holds is a usage error."""
+    # Prepare
+    cfg = load_config(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
+    slm = cfg.fedmkt.clients[0]
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["one"], [0], [], {"centralized": 3e-05})
+    started: list[list[str]] = []
+    monkeypatch.setattr(
+        fedmkt_table.search, "start", lambda args, runs: started.append([Path(r).name for r in runs])
+    )
+    argv = [str(ROOT / "configs" / "test" / "fedmkt-tiny.yaml"), "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--results-dir", str(tmp_path), "--settings", "one", "--set", "fed.rounds=1"]
+    # Execute / Assert: the model of a run directory, at the config's lr, at its own and in a search
+    assert fedmkt_table.centralized_model(f"wic-centralized-{slm}-lr3e-05-s0") == slm
+    assert fedmkt_table.centralized_model("lr0.0032-instruct-centralized-llm-s2") == "llm"
+    assert fedmkt_table.centralized_model("wic-one-fedmkt-s0") is None
+    picked = fedmkt_table.pick_models(fedmkt_table.pick_rows(jobs, ["centralized", "fedmkt"]), ["llm"])
+    assert list(picked) == ["wic-one-fedmkt-s0", "wic-centralized-llm-lr3e-05-s0"]
+    assert fedmkt_table.pick_models(jobs, None) == jobs
+    fedmkt_table.main([*argv, "--rows", "centralized", "--models", slm, "--lrs", "0.001", "0.01"])
+    assert started == [[f"lr0.001-wic-centralized-{slm}-s0", f"lr0.01-wic-centralized-{slm}-s0"]]
+    with pytest.raises(SystemExit):  # not a model of the one-to-one setting
+        fedmkt_table.main([*argv, "--rows", "centralized", "--models", "gemma-3-270m", "--table-only"])
+    with pytest.raises(SystemExit):  # --models picks Centralized runs: not without that row
+        fedmkt_table.main([*argv, "--rows", "fedmkt", "--models", "llm", "--table-only"])
