@@ -56,10 +56,22 @@ def row_of(name: str) -> str:
     return "centralized" if "-centralized-" in name else name.rsplit("-", 1)[-1]
 
 
+def own_lr(name: str, own: Mapping[str, float] | None) -> float | None:
+    """The lr ``own`` (``--row-lr``) gives run ``name`` (see `row_of`): a Centralized run's model's own
+    (``centralized-<model>``, one run a model) before its row's; None where it gives neither (the
+    config's lr)."""
+    given = own or {}
+    if "-centralized-" in name:
+        model = f"centralized-{name.split('-centralized-', 1)[1]}"
+        if model in given:
+            return given[model]
+    return given.get(row_of(name))
+
+
 def run_path(root: Path, name: str, seed: int | str, own: Mapping[str, float] | None = None) -> Path:
     """The run directory of run ``name`` (see `row_of`) for ``seed``: ``<name>-s<seed>``, or
-    ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``: row -> lr) gives the run's row its lr."""
-    lr = (own or {}).get(row_of(name))
+    ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``) gives the run its lr (`own_lr`)."""
+    lr = own_lr(name, own)
     return root / f"{name if lr is None else f'{name}-lr{lr:g}'}-s{seed}"
 
 

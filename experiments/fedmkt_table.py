@@ -52,7 +52,8 @@ the LLM's ``fedmkt.llm_train.lr`` (the config keeps the two equal; the paper fix
 the LLM). A run's score is the mean of the scores of the models it trains: the LLM and every SLM for
 FedMKT, the SLMs for Standalone, SLMs + public CE and LLM2SLM (their LLM does not learn), the one model
 of a Centralized, LLM-on-public or FedAvg run. The Centralized runs (one per model) are searched one by
-one; where their best lrs differ the search says so instead of giving one ``--row-lr``.
+one; where their best lrs differ the ``--row-lr`` gives each model's (``centralized-llm=...
+centralized-<SLM>=...``: a model's own lr wins over the row's ``centralized=``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import fedmkt_rounds, plots, tables
-from experiments.fedmkt_models import COLOURS, Runs, holders, metric_of, model_scores, row_of, run_path, slms
+from experiments.fedmkt_models import (
+    COLOURS,
+    Runs,
+    holders,
+    metric_of,
+    model_scores,
+    own_lr,
+    row_of,
+    run_path,
+    slms,
+)
 from experiments.tables import layout, search
 
 DATASETS: dict[str, list[str]] = {
@@ -169,7 +180,7 @@ def planned(
     for dataset in datasets:
         for setting in chosen:
             for name, overrides in runs(cfg, dataset, setting).items():
-                lr = (own or {}).get(row_of(name))
+                lr = own_lr(name, own)
                 trained = list(overrides) if lr is None else at_lr(overrides, lr)
                 for seed in seeds:
                     out[run_path(Path(), name, seed, own).name] = [*extra, *trained, f"seed={seed}"]
@@ -265,7 +276,24 @@ def search_of(cfg: Any, args: Any, parser: argparse.ArgumentParser | None = None
         scale=1.0 if lower else 100.0,
     )
     names = list(searched(cfg, args.datasets, args.settings, args.rows))
-    return search.Search(cfg, names, args.lrs, score, search_label, row_of)
+    return search.Search(cfg, names, args.lrs, score, search_label, row_of, own_key)
+
+
+def lr_label(key: str) -> str:
+    """A ``--row-lr`` key's label: its row's, or a Centralized model's (``centralized-<model>``)."""
+    return LABELS.get(key) or f"Centralized ({key.removeprefix('centralized-')})"
+
+
+def lr_keys(cfg: Any) -> list[str]:
+    """What ``--row-lr`` may name: a row, or one model's Centralized runs (``centralized-llm``,
+    ``centralized-<SLM>``), which then train at that lr whatever ``centralized=`` gives the others."""
+    return [*ROWS, "centralized-llm", *(f"centralized-{name}" for name in dict.fromkeys(cfg.fedmkt.clients))]
+
+
+def own_key(name: str) -> str | None:
+    """A searched run's own ``--row-lr`` key where its row's runs disagree on the best lr: a Centralized
+    run's model (``centralized-<model>``); None for the other rows (one lr a row)."""
+    return f"centralized-{name.split('-centralized-', 1)[1]}" if "-centralized-" in name else None
 
 
 def search_label(name: str) -> str:
@@ -426,9 +454,19 @@ def tabulate(
             key = f"{dataset}-{setting}"
             table = collect(cfg, Runs(root, dataset, setting, seeds, metric_of(cfg, dataset), own or {}))
             if earlier is not None:
+                here = {model: set(cell) for model, cell in table.get("centralized", {}).items()}
                 kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
+                then_lrs = earlier.get("row_lr", {})
                 for row, kept_seeds in kept.items():
-                    then = {"lr": earlier.get("row_lr", {}).get(row)}
+                    if row == "centralized":  # one run a model, each at its own lr: checked model by model
+                        for model, cell in table[row].items():
+                            name = f"{dataset}-centralized-{model}"
+                            then = {"lr": own_lr(name, then_lrs)}
+                            added = sorted(set(cell) - here.get(model, set()), key=int)
+                            label = f"{key}, {lr_label(f'centralized-{model}')}"
+                            tables.refuse_lr_mix(label, then, own_lr(name, own), added, cfg.train.lr)
+                        continue
+                    then = {"lr": then_lrs.get(row)}
                     tables.refuse_lr_mix(
                         f"{key}, {LABELS[row]}", then, (own or {}).get(row), kept_seeds, cfg.train.lr
                     )
@@ -485,7 +523,7 @@ def markdown(
     ]
     own = results.get("row_lr", {})
     if own:
-        at = ", ".join(f"{LABELS[row]} {lr:g}" for row, lr in own.items())
+        at = ", ".join(f"{lr_label(row)} {lr:g}" for row, lr in own.items())
         parts += [
             f"Rows at their own lr (the SLMs' train.lr and the LLM's {LLM_LR}): {at}; the others at "
             f"the config's (train.lr {cfg.train.lr:g}, {LLM_LR} {cfg.fedmkt.llm_train.lr:g}).",
@@ -599,8 +637,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         tables.render(args.render, parser, renderers, args.results_dir)
         return
-    own = search.own_lrs(parser, args, ROWS)
     cfg = tables.load_config(args)
+    own = search.own_lrs(parser, args, lr_keys(cfg))
     root = args.runs_dir / cfg.name
     command = tables.command_line(__file__, argv)
     check_models(parser, cfg, args)

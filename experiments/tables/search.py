@@ -109,14 +109,27 @@ def best_lrs(
     return best
 
 
-def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
+def row_lr_line(
+    best: Mapping[str, float],
+    row_of: Callable[[str], str],
+    own_key: Callable[[str], str | None] | None = None,
+) -> str:
     """The ``--row-lr`` of ``best`` (row key -> lr), by row; a row whose keys (one per setting, partition
-    or model) disagree is left out, named in a note instead."""
+    or model) disagree is left out, named in a note instead, unless ``own_key`` gives each of them a
+    ``--row-lr`` name of its own (a model's runs) that keeps one lr: then those names stand in for it."""
     by_row: dict[str, set[float]] = {}
     for key, lr in best.items():
         by_row.setdefault(row_of(key), set()).add(lr)
     agreed = {row: next(iter(lrs)) for row, lrs in by_row.items() if len(lrs) == 1}
     split = sorted(row for row, lrs in by_row.items() if len(lrs) > 1)
+    for row in list(split):
+        apart: dict[str | None, set[float]] = {}
+        for key, lr in best.items():
+            if row_of(key) == row:
+                apart.setdefault(None if own_key is None else own_key(key), set()).add(lr)
+        if None not in apart and all(len(lrs) == 1 for lrs in apart.values()):
+            agreed.update({str(name): next(iter(lrs)) for name, lrs in apart.items()})
+            split.remove(row)
     line = (
         f"The table at these lrs: `--row-lr {' '.join(f'{row}={lr:g}' for row, lr in agreed.items())}`"
         if agreed
@@ -130,7 +143,8 @@ def row_lr_line(best: Mapping[str, float], row_of: Callable[[str], str]) -> str:
 @dataclass(frozen=True)
 class Search:
     """What a search's outputs show: the table's config, its row keys and lrs, the score, a row key's
-    label and its row (the ``--row-lr`` name)."""
+    label and its row (the ``--row-lr`` name), and a key's own ``--row-lr`` name where its row's keys
+    disagree (`row_lr_line`)."""
 
     cfg: Any
     rows: Sequence[str]
@@ -138,6 +152,7 @@ class Search:
     score: Score
     label: Callable[[str], str]
     row_of: Callable[[str], str]
+    own_key: Callable[[str], str | None] | None = None  # `row_lr_line`'s
 
 
 def search_text(search: Search, results: Mapping[str, Any], command: str, seeds: int) -> str:
@@ -170,7 +185,7 @@ def search_text(search: Search, results: Mapping[str, Any], command: str, seeds:
     ]
     if any(fewer_seeds(result, seeds) for result in cells.values()):
         lines += ["", FEWER_SEEDS_NOTE]
-    line = row_lr_line(best, search.row_of)
+    line = row_lr_line(best, search.row_of, search.own_key)
     return "\n".join([*lines, *(["", line] if line else [])])
 
 

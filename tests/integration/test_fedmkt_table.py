@@ -432,8 +432,8 @@ def test_lr_search_scores_the_models_each_run_trains_and_names_each_rows_best(tm
     assert "perplexity, mean of the models each run trains" in text
     real = [recorded[f"lr{lr:g}-wic-llmpublic"]["score"] for lr in (0.001, 0.01)]
     public = 0.001 if real[0] <= real[1] else 0.01
-    assert f"`--row-lr fedmkt=0.01 standalone=0.001 llmpublic={public:g}`" in text
-    assert text.rstrip().endswith("Best lr differs between the runs of: centralized")
+    each = f"centralized-llm=0.01 centralized-{slm}=0.001"  # the Centralized runs disagree: one lr a model
+    assert text.rstrip().endswith(f"`--row-lr fedmkt=0.01 standalone=0.001 llmpublic={public:g} {each}`")
     assert (results_dir / "sweep-lr-fedmkt-tiny.png").read_bytes().startswith(b"\x89PNG")
     fedmkt_table.main(
         ["--render", str(results_dir / "sweep-lr-fedmkt-tiny.json"), "--results-dir", str(tmp_path)]
@@ -556,3 +556,49 @@ def test_models_picks_which_centralized_runs_start_in_a_table_and_in_a_search(
         fedmkt_table.main([*argv, "--rows", "centralized", "--models", "gemma-3-270m", "--table-only"])
     with pytest.raises(SystemExit):  # --models picks Centralized runs: not without that row
         fedmkt_table.main([*argv, "--rows", "fedmkt", "--models", "llm", "--table-only"])
+
+
+def test_row_lr_gives_one_model_its_own_centralized_lr_and_the_table_reads_each_at_its_own(
+    tmp_path: Path,
+) -> None:
+    """``--row-lr centralized=A centralized-llm=B``: the LLM's Centralized runs train at B, the SLMs' at A,
+    each in run directories of its own lr; the table reads each model's there and says so; keeping a
+    model's seeds measured at another lr is refused model by model; a search whose Centralized runs
+    disagree names each model's best lr; an unknown model is a usage error."""
+    # Prepare
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    cfg = load_config(config)
+    slm = cfg.fedmkt.clients[0]
+    own = {"centralized": 0.003, "centralized-llm": 0.0008}
+    # Execute / Assert: the runs
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["one"], [0], [], own)
+    assert jobs["wic-centralized-llm-lr0.0008-s0"][-3:] == [
+        "train.lr=0.0008",
+        "fedmkt.llm_train.lr=0.0008",
+        "seed=0",
+    ]
+    assert jobs[f"wic-centralized-{slm}-lr0.003-s0"][-3:-1] == ["train.lr=0.003", "fedmkt.llm_train.lr=0.003"]
+    # the table reads each model's run at its lr (beside the setting's own FedMKT run)
+    runs = tmp_path / "runs" / "fedmkt-tiny"
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-s0", 5.0, 6.0, lr=0.01, clients=slm)
+    _fake_fedmkt_run(runs / "wic-centralized-llm-lr0.0008-s0", 4.0, lr=0.0008, clients=slm)
+    _fake_fedmkt_run(runs / "wic-centralized-llm-lr0.003-s0", 40.0, lr=0.003, clients=slm)  # not the LLM's
+    _fake_fedmkt_run(runs / f"wic-centralized-{slm}-lr0.003-s0", 7.0, lr=0.003, clients=slm)
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path)]
+    argv += ["--settings", "one", "--table-only", "--set", "fed.rounds=1"]
+    fedmkt_table.main([*argv, "--row-lr", "centralized=0.003", "centralized-llm=0.0008"])
+    saved = json.loads((tmp_path / "table-fedmkt-tiny.json").read_text())["results"]
+    assert saved["wic-one"]["centralized"] == {"llm": {"0": 4.0}, slm: {"0": 7.0}}
+    assert saved["row_lr"] == own
+    table = (tmp_path / "table-fedmkt-tiny.md").read_text()
+    assert "own lr (the SLMs' train.lr and the LLM's fedmkt.llm_train.lr): Centralized 0.003, " in table
+    assert "Centralized (llm) 0.0008;" in table
+    # a seed kept for the LLM from a file that measured it at the row's 0.003 is refused, naming the model
+    earlier = {"wic-one": {"centralized": {"llm": {"1": 5.0}}}, "row_lr": {"centralized": 0.003}}
+    (tmp_path / "table-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    with pytest.raises(SystemExit, match=r"Centralized \(llm\): --keep-earlier would carry seeds 1"):
+        fedmkt_table.main(
+            [*argv, "--row-lr", *(f"{k}={v}" for k, v in own.items()), "--seeds", "0", "1", "--keep-earlier"]
+        )
+    with pytest.raises(SystemExit):  # no such model among the config's
+        fedmkt_table.main([*argv, "--row-lr", "centralized-gemma-3-270m=0.001"])

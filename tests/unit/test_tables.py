@@ -351,6 +351,30 @@ def test_the_row_lr_line_names_a_row_whose_settings_disagree_instead_of_choosing
     assert only_split == "Best lr differs between the runs of: perfit"
 
 
+def test_the_row_lr_line_gives_each_model_its_lr_where_a_rows_runs_are_one_a_model() -> None:
+    """A row of one run a model (FedMKT's Centralized): where its runs disagree each model's own name
+    carries its lr; where one model's runs disagree too (two datasets) the row is named instead."""
+    from experiments.tables import search
+
+    # Prepare
+    def row(key: str) -> str:
+        return "centralized" if "-centralized-" in key else key.split("-")[-1]
+
+    def own(key: str) -> str | None:
+        return f"centralized-{key.split('-centralized-')[1]}" if "-centralized-" in key else None
+
+    best = {"wic-one-fedmkt": 0.01, "wic-centralized-llm": 0.0008, "wic-centralized-slm": 0.003}
+    # Execute
+    apart = search.row_lr_line(best, row, own)
+    clash = search.row_lr_line({**best, "instruct-centralized-llm": 0.003}, row, own)
+    # Assert
+    assert apart == (
+        "The table at these lrs: `--row-lr fedmkt=0.01 centralized-llm=0.0008 centralized-slm=0.003`"
+    )
+    assert clash.endswith("`--row-lr fedmkt=0.01`\n\nBest lr differs between the runs of: centralized")
+    assert search.row_lr_line(best, row).endswith("Best lr differs between the runs of: centralized")
+
+
 def test_a_table_names_runs_that_computed_at_different_thread_counts(tmp_path: Path) -> None:
     from experiments.tables import notes
 
