@@ -1,16 +1,23 @@
 """FedMKT's models, shared by its table (`experiments/fedmkt_table.py`) and its trajectory over rounds
 (`experiments/fedmkt_rounds.py`): the SLMs a setting holds and which clients hold each, the metric of a
 dataset, a metrics row's score of the LLM and of each SLM, the colour of each model in the plots, and
-where a row's run lies (a row at its own lr, ``--row-lr``, has runs of its own)."""
+where a row's run lies (a row at its own lr, ``--row-lr``, has runs of its own; so has FedMKT with its LLM
+at an lr apart from its SLMs', ``fedmkt-llm``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# the --row-lr key that trains FedMKT's LLM (fedmkt.llm_train.lr) apart from its SLMs (the row's train.lr)
+FEDMKT_LLM = "fedmkt-llm"
+# how a run directory's stem names that lr: ``<name>-llmlr<lr>`` (then the row's ``-lr<lr>``, the seed)
+LLM_LR_STEM = re.compile(r"-llmlr\d[\d.e+-]*$")
 
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]  # the LLM, then each SLM, in both plots
 
@@ -68,11 +75,26 @@ def own_lr(name: str, own: Mapping[str, float] | None) -> float | None:
     return given.get(row_of(name))
 
 
+def own_llm_lr(name: str, own: Mapping[str, float] | None) -> float | None:
+    """The lr ``own`` (``--row-lr fedmkt-llm=``) gives the LLM of FedMKT run ``name`` apart from its SLMs;
+    None where it gives none (the LLM trains at the row's lr, as the SLMs do) or the run is no FedMKT
+    run (in the other rows the LLM does not learn, or trains alone at its row's lr)."""
+    return (own or {}).get(FEDMKT_LLM) if row_of(name) == "fedmkt" else None
+
+
 def run_path(root: Path, name: str, seed: int | str, own: Mapping[str, float] | None = None) -> Path:
     """The run directory of run ``name`` (see `row_of`) for ``seed``: ``<name>-s<seed>``, or
-    ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``) gives the run its lr (`own_lr`)."""
-    lr = own_lr(name, own)
-    return root / f"{name if lr is None else f'{name}-lr{lr:g}'}-s{seed}"
+    ``<name>-lr<lr>-s<seed>`` where ``own`` (``--row-lr``) gives the run its lr (`own_lr`), with
+    ``-llmlr<lr>`` after the name where it gives a FedMKT run's LLM its own (`own_llm_lr`)."""
+    lr, llm = own_lr(name, own), own_llm_lr(name, own)
+    stem = name if llm is None else f"{name}-llmlr{llm:g}"
+    return root / f"{stem if lr is None else f'{stem}-lr{lr:g}'}-s{seed}"
+
+
+def run_row(key: str) -> str:
+    """The row of a run directory's key (its name without the row's lr and the seed: `run_name_parts`),
+    a FedMKT run whose LLM has an lr of its own included."""
+    return row_of(LLM_LR_STEM.sub("", key))
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,10 @@ the LLM). A run's score is the mean of the scores of the models it trains: the L
 FedMKT, the SLMs for Standalone, SLMs + public CE and LLM2SLM (their LLM does not learn), the one model
 of a Centralized, LLM-on-public or FedAvg run. The Centralized runs (one per model) are searched one by
 one; where their best lrs differ the ``--row-lr`` gives each model's (``centralized-llm=...
-centralized-<SLM>=...``: a model's own lr wins over the row's ``centralized=``).
+centralized-<SLM>=...``: a model's own lr wins over the row's ``centralized=``). ``--row-lr fedmkt=A
+fedmkt-llm=B`` trains FedMKT's SLMs at A and its LLM at B (as the paper fixes an lr per model; runs
+``<name>-llmlr<B>-lr<A>-s<seed>``), for an LLM whose best lr alone (its Centralized or LLM-on-public
+row's) is not the SLMs'; the search does not search B.
 """
 
 from __future__ import annotations
@@ -72,13 +75,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import fedmkt_rounds, plots, tables
 from experiments.fedmkt_models import (
     COLOURS,
+    FEDMKT_LLM,
     Runs,
     holders,
     metric_of,
     model_scores,
+    own_llm_lr,
     own_lr,
     row_of,
     run_path,
+    run_row,
     slms,
 )
 from experiments.tables import layout, search
@@ -180,8 +186,10 @@ def planned(
     for dataset in datasets:
         for setting in chosen:
             for name, overrides in runs(cfg, dataset, setting).items():
-                lr = own_lr(name, own)
+                lr, llm = own_lr(name, own), own_llm_lr(name, own)
                 trained = list(overrides) if lr is None else at_lr(overrides, lr)
+                if llm is not None:  # FedMKT's LLM apart from its SLMs: last, it wins over the row's lr
+                    trained.append(f"{LLM_LR}={llm}")
                 for seed in seeds:
                     out[run_path(Path(), name, seed, own).name] = [*extra, *trained, f"seed={seed}"]
     return out
@@ -195,7 +203,7 @@ def pick_rows(jobs: dict[str, list[str]], rows: list[str]) -> dict[str, list[str
     """The runs of ``jobs`` (run directory name -> overrides, from `planned`) that make ``rows``."""
 
     def row(name: str) -> str:
-        return row_of(tables.run_name_parts(name)[0])  # a row at its own lr too
+        return run_row(tables.run_name_parts(name)[0])  # a row at its own lr too
 
     return {name: overrides for name, overrides in jobs.items() if row(name) in rows}
 
@@ -280,14 +288,19 @@ def search_of(cfg: Any, args: Any, parser: argparse.ArgumentParser | None = None
 
 
 def lr_label(key: str) -> str:
-    """A ``--row-lr`` key's label: its row's, or a Centralized model's (``centralized-<model>``)."""
+    """A ``--row-lr`` key's label: its row's, FedMKT's LLM's (``fedmkt-llm``), or a Centralized model's
+    (``centralized-<model>``)."""
+    if key == FEDMKT_LLM:
+        return "FedMKT's LLM"
     return LABELS.get(key) or f"Centralized ({key.removeprefix('centralized-')})"
 
 
 def lr_keys(cfg: Any) -> list[str]:
-    """What ``--row-lr`` may name: a row, or one model's Centralized runs (``centralized-llm``,
+    """What ``--row-lr`` may name: a row, FedMKT's LLM (``fedmkt-llm``: its ``fedmkt.llm_train.lr``, apart
+    from the SLMs' lr, ``fedmkt=``), or one model's Centralized runs (``centralized-llm``,
     ``centralized-<SLM>``), which then train at that lr whatever ``centralized=`` gives the others."""
-    return [*ROWS, "centralized-llm", *(f"centralized-{name}" for name in dict.fromkeys(cfg.fedmkt.clients))]
+    models = [f"centralized-{name}" for name in dict.fromkeys(cfg.fedmkt.clients)]
+    return [*ROWS, FEDMKT_LLM, "centralized-llm", *models]
 
 
 def own_key(name: str) -> str | None:
@@ -470,6 +483,11 @@ def tabulate(
                     tables.refuse_lr_mix(
                         f"{key}, {LABELS[row]}", then, (own or {}).get(row), kept_seeds, cfg.train.lr
                     )
+                    if row == "fedmkt":  # and its LLM's, at the row's lr where no fedmkt-llm= gives one
+                        llm_then = {"lr": then_lrs.get(FEDMKT_LLM, then_lrs.get(row))}
+                        llm_now = (own or {}).get(FEDMKT_LLM, (own or {}).get(row))
+                        label = f"{key}, {lr_label(FEDMKT_LLM)}"
+                        tables.refuse_lr_mix(label, llm_then, llm_now, kept_seeds, cfg.fedmkt.llm_train.lr)
                 if kept:
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting

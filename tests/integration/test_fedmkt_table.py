@@ -602,3 +602,52 @@ def test_row_lr_gives_one_model_its_own_centralized_lr_and_the_table_reads_each_
         )
     with pytest.raises(SystemExit):  # no such model among the config's
         fedmkt_table.main([*argv, "--row-lr", "centralized-gemma-3-270m=0.001"])
+
+
+def test_row_lr_gives_fedmkts_llm_its_own_lr_beside_its_slms_and_the_table_reads_that_run(
+    tmp_path: Path,
+) -> None:
+    """``--row-lr fedmkt=A fedmkt-llm=B``: the FedMKT run trains its SLMs at A and its LLM at B, in run
+    directories that name both; ``--rows fedmkt`` still picks them; the table reads that run and says the
+    LLM's lr; keeping seeds measured with the LLM at the row's lr is refused."""
+    # Prepare
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    cfg = load_config(config)
+    slm = cfg.fedmkt.clients[0]
+    own = {"fedmkt": 0.003, "fedmkt-llm": 0.0008}
+    # Execute / Assert: the runs (the LLM's lr last: it wins over the row's)
+    jobs = fedmkt_table.planned(cfg, ["wic"], ["one"], [0], [], own)
+    assert jobs["wic-one-fedmkt-llmlr0.0008-lr0.003-s0"][-4:] == [
+        "train.lr=0.003",
+        "fedmkt.llm_train.lr=0.003",
+        "fedmkt.llm_train.lr=0.0008",
+        "seed=0",
+    ]
+    assert jobs["wic-one-standalone-s0"][-1] == "seed=0"  # the other rows do not change
+    assert "fedmkt.llm_train.lr=0.0008" not in jobs["wic-one-slmpublic-s0"]
+    only_llm = fedmkt_table.planned(cfg, ["wic"], ["one"], [0], [], {"fedmkt-llm": 0.0008})
+    assert only_llm["wic-one-fedmkt-llmlr0.0008-s0"][-2:] == ["fedmkt.llm_train.lr=0.0008", "seed=0"]
+    for picked in (jobs, only_llm):
+        assert [name for name in fedmkt_table.pick_rows(picked, ["fedmkt"])] == [
+            name for name in picked if "-fedmkt-" in name
+        ]
+    # the table reads the FedMKT run with the LLM at its lr, not the one at the row's
+    runs = tmp_path / "runs" / "fedmkt-tiny"
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-llmlr0.0008-lr0.003-s0", 5.0, 6.0, lr=0.003, clients=slm)
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-lr0.003-s0", 50.0, 60.0, lr=0.003, clients=slm)
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path)]
+    argv += ["--settings", "one", "--table-only", "--set", "fed.rounds=1"]
+    fedmkt_table.main([*argv, "--row-lr", "fedmkt=0.003", "fedmkt-llm=0.0008"])
+    saved = json.loads((tmp_path / "table-fedmkt-tiny.json").read_text())["results"]
+    fedmkt = saved["wic-one"]["fedmkt"]
+    assert (fedmkt["llm"], fedmkt[slm]) == ({"0": 5.0}, {"0": 6.0})
+    assert saved["row_lr"] == own
+    assert "FedMKT 0.003, FedMKT's LLM 0.0008;" in (tmp_path / "table-fedmkt-tiny.md").read_text()
+    # seed 1 kept from a file whose FedMKT LLM trained at the row's 0.003 is refused, naming the LLM
+    earlier = {"wic-one": {"fedmkt": {"llm": {"1": 5.0}, slm: {"1": 6.0}}}, "row_lr": {"fedmkt": 0.003}}
+    (tmp_path / "table-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    refused = r"FedMKT's LLM: --keep-earlier would carry seeds 1, measured at lr 0.003"
+    with pytest.raises(SystemExit, match=refused):
+        fedmkt_table.main(
+            [*argv, "--row-lr", "fedmkt=0.003", "fedmkt-llm=0.0008", "--seeds", "0", "1", "--keep-earlier"]
+        )
