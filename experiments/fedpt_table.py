@@ -193,11 +193,8 @@ def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None 
     """The table; ``stamp``: the time it was made (None: now)."""
     sets = test_sets(cfg)
     seeds = max((len(res.get("training_seeds", [])) for res in results.values()), default=0)
-    spread = (
-        f"mean ± std over {seeds} training seeds (each seed: the mean over its sampling seeds)"
-        if seeds > 1
-        else "one training seed; ± is the std over the evaluation's sampling seeds"
-    )
+    counts = {LABELS[m]: len(results[m].get("training_seeds", [])) for m in ORDER if m in results}
+    spread = seed_caption(counts)
     lines = [
         f"# FedPT Table 1 structure: `{cfg.name}`",
         "",
@@ -244,6 +241,19 @@ def markdown(cfg: Any, results: dict[str, Any], command: str, stamp: str | None 
     return "\n".join(lines) + "\n"
 
 
+def seed_caption(counts: dict[str, int]) -> str:
+    """What a cell's ``±`` is, given each row's number of training seeds: one count for the whole table
+    where the rows agree, else each row's count."""
+    each_seed = "each seed: the mean over its sampling seeds"
+    lone = "one training seed; ± is the std over the evaluation's sampling seeds"
+    if len(set(counts.values())) <= 1:
+        count = next(iter(counts.values()), 0)
+        return f"mean ± std over {count} training seeds ({each_seed})" if count > 1 else lone
+    each = "; ".join(f"{label}: {count}" for label, count in counts.items())
+    text = f"mean ± std over each row's training seeds ({each}; {each_seed})"
+    return text + (f"; a row with {lone}" if 1 in counts.values() else "")
+
+
 def search_metric(cfg: Any) -> str:
     """What the alpha search picked by, as the run's server does (`fedpt.alpha_search_metric`)."""
     metric = cfg.fedpt.search_metric(cfg.eval.metrics)
@@ -259,7 +269,10 @@ def per_seed_table(results: dict[str, Any], sets: list[tuple[str, str]]) -> list
 
     def rouge(label: str, prefix: str, seed: str) -> layout.Column[layout.Entry]:
         def cell(entry: layout.Entry) -> str:
-            by_seed = entry[1]["eval"].get(f"{prefix}rougeL_by_seed", {})
+            evaluation = entry[1]["eval"]
+            by_seed = evaluation.get(f"{prefix}rougeL_by_seed", {})
+            if entry[1].get("training_seeds") == [seed] and f"{prefix}rougeL" in evaluation:
+                by_seed = {seed: evaluation[f"{prefix}rougeL"]}  # a one-seed row keeps no _by_seed fields
             return f"{by_seed[seed]:.4f}" if seed in by_seed else "-"
 
         return layout.Column(f"{label} s{seed}", cell)

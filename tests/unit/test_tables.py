@@ -286,6 +286,8 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedpt_table", "sweep-lr-fedpt-smollm2"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2-dirichlet"),
         ("fedpt_table", "table-fedpt-smollm2-dirichlet-lr"),
+        ("fedpt_table", "table-fedpt-smollm2-r20"),
+        ("fedpt_table", "table-fedpt-smollm2-r20-lr"),
         ("unequal_table", "search-unequal-smollm2"),
         ("unequal_table", "table-unequal-smollm2"),
     ],
@@ -415,3 +417,32 @@ def test_keep_earlier_counts_a_cells_seeds_from_its_values_in_a_file_that_did_no
     assert tables.keep_earlier_seeds(results, tmp_path / "sweep", [0, 1], ["whole"]) == {"part": ["0"]}
     assert results["part"]["score_by_seed"] == {"1": 0.5, "0": 0.3}
     assert tables.fewer_seeds(earlier["whole"], 3) == " (1 seed)"
+
+
+def test_a_fedpt_table_with_rows_of_unequal_seed_counts_says_each_rows_count_and_shows_a_lone_seed(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a three-seed table, Base (large) cut to seed 0 alone (no _by_seed fields, as a one-seed
+    # entry is stored) and FedAvg (small) to seeds 0 and 1
+    from experiments import fedpt_table
+
+    data = json.loads((ROOT / "experiments" / "results" / "table-fedpt-smollm2-r20.json").read_text())
+    base, small = data["results"]["base_large"], data["results"]["fedavg_small"]
+    lone = base["eval"]["rougeL_by_seed"]["0"]
+    base["eval"] = {k: v["0"] for k, v in base["eval"].items() if k.endswith("_by_seed")}
+    base["eval"] = {k.removesuffix("_by_seed"): v for k, v in base["eval"].items()}
+    base["training_seeds"] = ["0"]
+    for key in [k for k in small["eval"] if k.endswith("_by_seed")]:
+        small["eval"][key].pop("2")
+    small["training_seeds"] = ["0", "1"]
+    (tmp_path / "table-t.json").write_text(json.dumps(data))
+    # Execute
+    fedpt_table.main(["--render", str(tmp_path / "table-t.json"), "--results-dir", str(tmp_path)])
+    text = (tmp_path / "table-t.md").read_text()
+    # Assert: no row is said to have three seeds that has fewer; the lone seed's value is in its column
+    assert "mean ± std over 3 training seeds" not in text
+    assert "Base (large): 1" in text and "FedAvg (small): 2" in text and "FedPT: 3" in text
+    per_seed = text.split("Rouge-L per training seed:")[1]
+    base_row = next(line for line in per_seed.splitlines() if line.startswith("| Base (large) |"))
+    assert base_row.split("|")[2].strip() == f"{lone:.4f}"
+    assert base_row.split("|")[3].strip() == "-"
