@@ -281,6 +281,8 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedmkt_table", "sweep-lr-fedmkt-wic"),
         ("fedmkt_table", "table-fedmkt-wic-r5-lr"),
         ("fedmkt_table", "sweep-lr-fedmkt-wic-r5-lr"),
+        ("fedmkt_table", "table-fedmkt-wic-r5-lr-defchoice"),
+        ("fedmkt_table", "sweep-lr-fedmkt-wic-r5-lr-defchoice"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("fedpt_table", "table-fedpt-smollm2-lr"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2"),
