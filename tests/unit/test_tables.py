@@ -431,8 +431,8 @@ def test_a_fedpt_table_with_rows_of_unequal_seed_counts_says_each_rows_count_and
     data = json.loads((ROOT / "experiments" / "results" / "table-fedpt-smollm2-r20.json").read_text())
     base, small = data["results"]["base_large"], data["results"]["fedavg_small"]
     lone = base["eval"]["rougeL_by_seed"]["0"]
-    base["eval"] = {k: v["0"] for k, v in base["eval"].items() if k.endswith("_by_seed")}
-    base["eval"] = {k.removesuffix("_by_seed"): v for k, v in base["eval"].items()}
+    one_seed = {k.removesuffix("_by_seed"): v["0"] for k, v in base["eval"].items() if k.endswith("_by_seed")}
+    base["eval"] = one_seed
     base["training_seeds"] = ["0"]
     for key in [k for k in small["eval"] if k.endswith("_by_seed")]:
         small["eval"][key].pop("2")
