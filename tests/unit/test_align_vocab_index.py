@@ -3,8 +3,12 @@ brute force on hand-made and random vocabularies."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
+import numba
 import numpy as np
 import pytest
 from rapidfuzz.distance import Levenshtein
@@ -136,6 +140,28 @@ def test_threads_give_the_same_answer(monkeypatch: pytest.MonkeyPatch) -> None:
 
     threaded = nearest(sources, targets, workers=2)
     assert threaded == nearest(sources, targets, workers=1) == brute(sources, targets)
+
+
+THREADS_AFTER_A_SEARCH = """
+import torch
+from fedtune.align import vocab_index
+from fedtune.align.vocab_index import TargetIndex
+print(torch.get_num_threads())
+vocab_index._PARALLEL_FROM = 0
+TargetIndex.build(["a", "b", "ab"]).nearest(["ab", "ba", "abc"], workers=2)
+print(torch.get_num_threads())
+"""
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one numba thread here: no threaded search")
+def test_a_threaded_search_leaves_torch_at_its_thread_count() -> None:
+    """numba's OpenMP layer shares torch's libgomp and, on its first threaded launch in a process, set
+    OpenMP to numba's thread count (every CPU): torch then computed on every CPU for the rest of the
+    run, whatever OMP_NUM_THREADS said. A fresh process, as that first launch happens once."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", THREADS_AFTER_A_SEARCH]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True, env=env)
+    assert done.stdout.split() == ["1", "1"]  # torch's count before the search, and after it
 
 
 def test_an_empty_target_vocabulary_is_an_error() -> None:

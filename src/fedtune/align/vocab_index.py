@@ -602,10 +602,16 @@ class TargetIndex:
         if threads <= 1 or len(source_strings) < _PARALLEL_FROM:
             _nearest(*arguments, 0, 1)
         else:
+            import torch  # numba's OpenMP layer shares torch's libgomp (below)
+
+            torch_threads = torch.get_num_threads()
             previous = numba.get_num_threads()
             numba.set_num_threads(threads)
             try:
                 _nearest_parallel(*arguments, threads)
             finally:
                 numba.set_num_threads(previous)
+                # numba's first threaded launch in a process sets OpenMP to numba's thread count (every
+                # CPU), which torch then computes on for the rest of the process: give it back its own
+                torch.set_num_threads(torch_threads)
         return self.by_rank[ranks]
