@@ -25,7 +25,11 @@ normal run directory ``--runs-dir/<config name>/<dataset>-<setting>-<row>-s<seed
   SLM gains over it is what the LLM's knowledge adds;
 - ``fedavg`` (homo only): FedIT of the SLM's LoRA;
 - ``llm2slm`` (one only): FedMKT with the LLM frozen (``fedmkt.llm_learns=false``);
-- ``fedmkt``: the method.
+- ``fedmkt``: the method;
+- ``commoner`` (no runs; yes/no and other tasks whose questions all offer the same choices): what
+  answering the commoner answer of the seed's test questions to every one of them scores, the same in
+  every column, and every row's paired interval against it per model: a score at that share is no
+  sign the model learned the task.
 Every model is scored on the same test examples (``fedmkt.slm_eval: test``); an SLM's cell is the mean
 over the clients holding it. The table gives mean ± std over seeds, MB up / down per round and the
 peak RSS of the simulation's one process (it holds the LLM and every SLM; a client process of its
@@ -96,6 +100,7 @@ DATASETS: dict[str, list[str]] = {
     "instruct": ["data.dataset=wordnet-instruct", "eval.metrics=[rougeL]"],
 }
 LABELS = {
+    "commoner": "Commoner answer",
     "zeroshot": "Zero-shot",
     "standalone": "Standalone",
     "centralized": "Centralized",
@@ -445,6 +450,29 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
                 f"- What the SLMs' knowledge adds to the LLM: FedMKT - LLM on the public set only "
                 f"{100 * gain:+.1f} (on the same {same}); {tables.claim_text([public, fedmkt], scale=100.0)}"
             )
+    return lines + against_commoner(table, names)
+
+
+def against_commoner(table: dict[str, Any], names: list[str]) -> list[str]:
+    """Per model, every row's paired interval against answering the commoner answer to every question
+    (the ``commoner`` row): a row that does not hold above it has not shown it learned the task."""
+    reference = table.get("commoner", {})
+    lines = []
+    for name in ["llm", *names]:
+        base = reference.get(name)
+        if not base:
+            continue
+        parts = []
+        for row in LABELS:
+            values = table.get(row, {}).get(name, {})
+            if row != "commoner" and tables.common_seeds([base, values]):
+                parts.append(f"{LABELS[row]} {tables.interval_texts([base, values], scale=100.0)[0]}")
+        seeds = sorted(base, key=int)
+        shares = ", ".join(f"{100 * base[seed]:.1f}" for seed in seeds)
+        lines.append(
+            f"- {'LLM' if name == 'llm' else name} against answering the commoner answer to every question "
+            f"({shares} in seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}): " + "; ".join(parts)
+        )
     return lines
 
 
@@ -456,10 +484,13 @@ def tabulate(
     seeds: list[int],
     earlier: dict[str, Any] | None = None,
     own: Mapping[str, float] | None = None,
+    commoner: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The tables' values: ``<dataset>-<setting>`` -> row -> column -> seed -> value (and ``carried``:
     ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``; ``row_lr``: ``own``, the rows at
-    their own lr)."""
+    their own lr). ``commoner`` (dataset -> seed -> share, `commoner_shares`) gives a dataset the
+    reference row ``commoner``: what answering its commoner answer to every question scores, in every
+    model's column."""
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
@@ -468,7 +499,9 @@ def tabulate(
             table = collect(cfg, Runs(root, dataset, setting, seeds, metric_of(cfg, dataset), own or {}))
             if earlier is not None:
                 here = {model: set(cell) for model, cell in table.get("centralized", {}).items()}
-                kept = tables.fill_cells(table, earlier.get(key, {}), map(str, seeds), groups=LABELS)
+                # the reference is no run: made afresh below, never carried
+                then_rows = {row: cells for row, cells in earlier.get(key, {}).items() if row != "commoner"}
+                kept = tables.fill_cells(table, then_rows, map(str, seeds), groups=LABELS)
                 then_lrs = earlier.get("row_lr", {})
                 for row, kept_seeds in kept.items():
                     if row == "centralized":  # one run a model, each at its own lr: checked model by model
@@ -492,6 +525,9 @@ def tabulate(
                     carried[key] = kept
             if not set(table) - {"centralized", "llmpublic"}:  # the shared runs alone are no setting
                 continue
+            shares = (commoner or {}).get(dataset)
+            if shares:  # every model answers the same questions: one reference for every column
+                table["commoner"] = {model: dict(shares) for model in ["llm", *slms(cfg, setting)]}
             results[key] = table
     if carried:
         results["carried"] = carried
@@ -501,6 +537,30 @@ def tabulate(
 
 
 NOT_TABLES = ("carried", "row_lr")  # the keys of `tabulate`'s results that are no dataset and setting
+
+
+def commoner_shares(
+    config: Path, sets: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    """Dataset -> seed -> the share of that seed's test questions that answering the commoner answer to
+    every one of them gets right (`fedtune.eval.metrics.commonest_answer`), for the datasets whose
+    questions all offer the same choices (yes/no pairs); the others have no such answer and no entry."""
+    from fedtune.config import load_config
+    from fedtune.eval.metrics import commonest_answer
+    from fedtune.rundata import prepare_data
+
+    shares: dict[str, dict[str, float]] = {}
+    for dataset in datasets:
+        for seed in seeds:
+            cfg = load_config(config, [*sets, *DATASETS[dataset], f"seed={seed}"])
+            if metric_of(cfg, dataset) not in ("acc", "acc_norm"):
+                break
+            records = prepare_data(cfg).eval_records
+            found = commonest_answer([r.choices for r in records], [r.label for r in records])
+            if found is None:
+                break
+            shares.setdefault(dataset, {})[str(seed)] = found[1]
+    return shares
 
 
 Cells = dict[str, dict[str, float]]  # a row's values: column -> seed -> value
@@ -668,7 +728,8 @@ def main(argv: list[str] | None = None) -> None:
     jobs = planned(cfg, args.datasets, args.settings, args.seeds, args.set, own)
     picked = pick_models(pick_rows(jobs, args.rows), args.models)
     tables.start(args, {root / name: overrides for name, overrides in picked.items()})
-    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own)
+    shares = commoner_shares(args.config, args.set, args.datasets, args.seeds)
+    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own, shares)
     text = markdown(cfg, results, args.datasets, args.settings, root, command)
     text += tables.closing_notes({"every run": [root / name for name in jobs]}, stem, args)
     tables.write_table(stem, text, str(args.config), command, results, args)

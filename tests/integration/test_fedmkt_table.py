@@ -651,3 +651,51 @@ def test_row_lr_gives_fedmkts_llm_its_own_lr_beside_its_slms_and_the_table_reads
         fedmkt_table.main(
             [*argv, "--row-lr", "fedmkt=0.003", "fedmkt-llm=0.0008", "--seeds", "0", "1", "--keep-earlier"]
         )
+
+
+def test_every_row_is_read_against_answering_the_commoner_answer_to_every_question() -> None:
+    table = {
+        "commoner": {m: {"0": 0.60, "1": 0.50, "2": 0.55} for m in ("llm", "s")},
+        "zeroshot": {"s": {"0": 0.60, "1": 0.50, "2": 0.55}, "llm": {"0": 0.40, "1": 0.50, "2": 0.45}},
+        "fedmkt": {"s": {"0": 0.65, "1": 0.54, "2": 0.61}},
+    }
+    lines = fedmkt_table.against_commoner(table, ["s"])
+    # the LLM's zero-shot gains x 100: -20, 0, -10 (mean -10, sd 10); t(2 df, 0.975) = 4.303, half width
+    # 4.303 * 10 / sqrt(3) = 24.84. The SLM's FedMKT gains 5, 4, 6 (mean 5, sd 1): half width 2.48
+    assert lines == [
+        "- LLM against answering the commoner answer to every question (60.0, 50.0, 55.0 in seeds 0, 1, 2): "
+        "Zero-shot tie (gain -10.00, 95% CI [-34.84, 14.84], 3 seeds)",
+        "- s against answering the commoner answer to every question (60.0, 50.0, 55.0 in seeds 0, 1, 2): "
+        "Zero-shot tie (gain 0.00, 95% CI [0.00, 0.00], 3 seeds); "
+        "FedMKT holds (gain 5.00, 95% CI [2.52, 7.48], 3 seeds)",
+    ]
+    assert fedmkt_table.ordering(table, ["s"])[-2:] == lines
+    del table["commoner"]
+    assert fedmkt_table.against_commoner(table, ["s"]) == []
+
+
+def test_the_commoner_answer_is_the_yes_no_tasks_own_per_seed_and_none_where_choices_differ() -> None:
+    from fedtune.rundata import prepare_data
+
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    chosen = ["wic", "defchoice", "instruct"]
+    assert fedmkt_table.commoner_shares(config, [], chosen, [0]) == {}  # the config scores perplexity
+    shares = fedmkt_table.commoner_shares(config, ["eval.metrics=[acc]"], chosen, [0, 1])
+    assert set(shares) == {"wic"} and set(shares["wic"]) == {"0", "1"}
+    for seed in (0, 1):
+        cfg = load_config(config, ["data.dataset=wordnet-wic", f"seed={seed}"])
+        labels = [r.label for r in prepare_data(cfg).eval_records]
+        assert shares["wic"][str(seed)] == max(labels.count(0), labels.count(1)) / len(labels)
+    cfg = load_config(config)
+    slm = cfg.fedmkt.clients[0]
+    stale = {"llm": {"0": 0.9, "1": 0.9}, slm: {"0": 0.9, "1": 0.9}}
+    earlier = {
+        "wic-one": {"fedmkt": {"llm": {"0": 0.5, "1": 0.7}, slm: {"0": 0.6, "1": 0.6}}, "commoner": stale}
+    }
+    args = (cfg, ROOT / "no-runs", ["wic"], ["one"], [0, 1], earlier)
+    results = fedmkt_table.tabulate(*args, commoner=shares)
+    rows = results["wic-one"]
+    assert rows["commoner"] == {"llm": shares["wic"], slm: shares["wic"]}  # one reference, every column
+    assert results["carried"] == {"wic-one": {"fedmkt": ["0", "1"]}}  # the reference is made, not kept
+    assert "commoner" not in fedmkt_table.tabulate(*args)["wic-one"]
+    assert fedmkt_table.tabulate(cfg, ROOT / "no-runs", ["wic"], ["one"], [0, 1], commoner=shares) == {}

@@ -4,6 +4,7 @@ import pytest
 
 from fedtune.eval.metrics import (
     by_category,
+    commonest_answer,
     dist_n,
     exact_match,
     extract_number,
@@ -110,3 +111,19 @@ def test_mean_and_mean_std() -> None:
     assert mean_std([0.7]) == (0.7, 0.0)
     with pytest.raises(ValueError):
         mean([])
+
+
+def test_commonest_answer_is_the_share_one_answer_to_every_question_scores() -> None:
+    yes_no = [("no", "yes")] * 5
+    assert commonest_answer(yes_no, [1, 1, 0, 1, 0]) == ("yes", 0.6)
+    assert commonest_answer(yes_no, [0, 0, 0, 1, 1]) == ("no", 0.6)
+    assert commonest_answer(yes_no[:2], [1, 0]) == ("no", 0.5)  # a tie: the first choice
+
+
+def test_commonest_answer_is_none_where_questions_offer_different_choices_or_none() -> None:
+    assert commonest_answer([("a", "b"), ("c", "d")], [0, 0]) is None
+    assert commonest_answer([], []) is None
+    with pytest.raises(ValueError, match="answer 2 is not a choice"):
+        commonest_answer([("no", "yes")], [2])
+    with pytest.raises(ValueError, match="1 questions' choices for 2 answers"):
+        commonest_answer([("no", "yes")], [0, 1])

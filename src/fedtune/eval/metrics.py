@@ -137,6 +137,27 @@ def choice_hits(predictions: Sequence[int], answers: Sequence[int]) -> list[floa
     return [float(predicted == answer) for predicted, answer in zip(predictions, answers, strict=True)]
 
 
+def commonest_answer(choices: Sequence[Sequence[str]], answers: Sequence[int]) -> tuple[str, float] | None:
+    """The answer a model that gives one answer to every question would best give, and the share of
+    the questions it gets right: the reference a multiple-choice score must beat before it says the
+    model learned the task (on 59 "yes" of 96 yes/no questions, answering "yes" scores 61.5).
+
+    Only where every question offers the same choices (a class-label task): where they differ, no one
+    answer fits every question, and None. Ties go to the first choice; no questions: None."""
+    if len(choices) != len(answers):
+        raise ValueError(f"{len(choices)} questions' choices for {len(answers)} answers")
+    if not choices or any(tuple(options) != tuple(choices[0]) for options in choices):
+        return None
+    options = tuple(choices[0])
+    counts = [0] * len(options)
+    for answer in answers:
+        if not 0 <= answer < len(options):
+            raise ValueError(f"answer {answer} is not a choice (0..{len(options) - 1})")
+        counts[answer] += 1
+    best = max(range(len(options)), key=counts.__getitem__)
+    return options[best], counts[best] / len(answers)
+
+
 def by_category(scores: Sequence[float], categories: Sequence[str]) -> dict[str, float]:
     """Mean score per category, keys sorted so reports are stable across runs."""
     grouped: defaultdict[str, list[float]] = defaultdict(list)
