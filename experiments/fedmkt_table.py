@@ -547,13 +547,14 @@ def commoner_shares(
     questions all offer the same choices (yes/no pairs); the others have no such answer and no entry."""
     from fedtune.config import load_config
     from fedtune.eval.metrics import commonest_answer
+    from fedtune.eval.scoring import CHOICE_METRICS
     from fedtune.rundata import prepare_data
 
     shares: dict[str, dict[str, float]] = {}
     for dataset in datasets:
         for seed in seeds:
             cfg = load_config(config, [*sets, *DATASETS[dataset], f"seed={seed}"])
-            if metric_of(cfg, dataset) not in ("acc", "acc_norm"):
+            if metric_of(cfg, dataset) not in CHOICE_METRICS:
                 break
             records = prepare_data(cfg).eval_records
             found = commonest_answer([r.choices for r in records], [r.label for r in records])

@@ -146,9 +146,9 @@ def commonest_answer(choices: Sequence[Sequence[str]], answers: Sequence[int]) -
     answer fits every question, and None. Ties go to the first choice; no questions: None."""
     if len(choices) != len(answers):
         raise ValueError(f"{len(choices)} questions' choices for {len(answers)} answers")
-    if not choices or any(tuple(options) != tuple(choices[0]) for options in choices):
+    options = tuple(choices[0]) if choices else ()
+    if not options or any(tuple(offered) != options for offered in choices):
         return None
-    options = tuple(choices[0])
     counts = [0] * len(options)
     for answer in answers:
         if not 0 <= answer < len(options):
