@@ -3,6 +3,7 @@ dots (differences of a few points, which bars would hide), a title that is never
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,11 @@ class Panel:
     series: Sequence[Series]
 
 
+# characters a line of a row's name under a panel: longer names wrap at their spaces, so that names of
+# seven rows under one panel stay clear of each other
+TICK_WIDTH = 11
+
+
 def seed_panels(
     panels: Sequence[Panel],
     *,
@@ -171,7 +177,8 @@ def seed_panels(
             shifted = [x + series.shift for x in xs]
             plot_args = {"colour": series.colour, "marker": series.marker, "label": series.label}
             seed_markers(ax, shifted, series.columns, **plot_args)
-        ax.set_xticks(xs, panel.ticks, fontsize=7.5)
+        names = [textwrap.fill(tick, TICK_WIDTH, break_long_words=False) for tick in panel.ticks]
+        ax.set_xticks(xs, names, fontsize=7.5)
         ax.set_xlim(-0.5, len(panel.ticks) - 0.5)
         ax.set_title(panel.title, fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,27 @@ def test_an_lr_axis_is_labelled_at_the_lrs_searched_and_a_diverged_perplexity_ke
         ]
         assert not [label.get_text() for label in ax.get_xticklabels(minor=True) if label.get_text()]
         assert ax.get_yscale() == "log"
+
+
+def test_a_tables_row_names_under_its_panel_do_not_run_into_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FedMKT table's seven rows under one panel: each row's name ("Commoner answer", "LLM on public
+    set", "SLMs + public CE") stays clear of its neighbours' (wrapped onto lines of its own)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    saved: list[object] = []
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path, dpi=120: saved.append(figure) or path)
+    ticks = ["Commoner answer", "Zero-shot", "Standalone", "Centralized", "LLM on public set"]
+    ticks += ["SLMs + public CE", "FedMKT"]
+    series = plots.Series("LLM", "C0", "o", 0.0, [[0.5, 0.6]] * len(ticks))
+    panel = plots.Panel("wic, hetero2 (3 seeds)", ticks, [series])
+    plots.seed_panels([panel], width=4.6, height=3.4, ylabel="score", title="t", path=tmp_path / "a.png")
+    (figure,) = saved
+    renderer = FigureCanvasAgg(figure).get_renderer()  # type: ignore[arg-type]
+    (ax,) = figure.axes  # type: ignore[attr-defined]
+    labels = ax.get_xticklabels()
+    assert [label.get_text().replace("\n", " ") for label in labels] == ticks
+    boxes = [label.get_window_extent(renderer=renderer) for label in labels]
+    for left, right in itertools.pairwise(boxes):
+        assert left.x1 < right.x0, (left, right)
