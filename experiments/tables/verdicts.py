@@ -106,11 +106,22 @@ class Interval:
             return "reversed"
         return "tie"
 
+    @property
+    def no_spread(self) -> bool:
+        """Every seed's gain is the same (to float rounding; a choice task's score moves by whole
+        questions, so seeds can differ by exactly one question each): the t interval is then the point
+        ``mean``, a width of 0 from no evidence of the noise, not a certain interval."""
+        return self.seeds >= 2 and self.sd <= 1e-9 * max(1.0, abs(self.mean))
+
     def text(self, digits: int = 2) -> str:
-        """``holds (gain 1.23, 95% CI [0.40, 2.06], 3 seeds)``."""
+        """``holds (gain 1.23, 95% CI [0.40, 2.06], 3 seeds)``; with `no_spread`, ``holds (gain 1.04 in
+        each of 3 seeds: no spread, the t interval is that point)``."""
         gain = f"gain {self.mean:.{digits}f}"
         if self.seeds < 2:
             return f"{self.verdict} ({gain})"
+        if self.no_spread:
+            point = "no spread, the t interval is that point"
+            return f"{self.verdict} ({gain} in each of {self.seeds} seeds: {point})"
         ci = f"{round(100 * self.level)}% CI [{self.low:.{digits}f}, {self.high:.{digits}f}]"
         return f"{self.verdict} ({gain}, {ci}, {self.seeds} seeds)"
 

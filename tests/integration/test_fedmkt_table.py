@@ -666,7 +666,7 @@ def test_every_row_is_read_against_answering_the_commoner_answer_to_every_questi
         "- LLM against answering the commoner answer to every question (60.0, 50.0, 55.0 in seeds 0, 1, 2): "
         "Zero-shot tie (gain -10.00, 95% CI [-34.84, 14.84], 3 seeds)",
         "- s against answering the commoner answer to every question (60.0, 50.0, 55.0 in seeds 0, 1, 2): "
-        "Zero-shot tie (gain 0.00, 95% CI [0.00, 0.00], 3 seeds); "
+        "Zero-shot tie (gain 0.00 in each of 3 seeds: no spread, the t interval is that point); "
         "FedMKT holds (gain 5.00, 95% CI [2.52, 7.48], 3 seeds)",
     ]
     assert fedmkt_table.ordering(table, ["s"])[-2:] == lines

@@ -119,6 +119,20 @@ def test_a_paired_interval_says_reversed_tie_and_one_seed() -> None:
     assert (single.verdict, single.text()) == ("one seed", "one seed (gain 1.00)")
 
 
+def test_a_paired_interval_of_one_gain_in_every_seed_says_it_has_no_spread() -> None:
+    # one question more in every seed (fractions of 96, so the gains differ in their last bits): the t
+    # interval's width is 0, a point, which must not read as a certain 95% interval
+    worse = {"0": 1000 / 96, "1": 2000 / 96, "2": 3000 / 96}
+    better = {"0": 1100 / 96, "1": 2100 / 96, "2": 3100 / 96}
+    interval = tables.paired_interval(worse, better)
+    assert interval.verdict == "holds" and interval.no_spread
+    assert interval.text() == "holds (gain 1.04 in each of 3 seeds: no spread, the t interval is that point)"
+    assert tables.paired_interval({"0": 0.5, "1": 0.5}, {"0": 0.5, "1": 0.5}).text() == (
+        "tie (gain 0.00 in each of 2 seeds: no spread, the t interval is that point)"
+    )
+    assert not tables.paired_interval({"0": 1.0, "1": 2.0}, {"0": 2.0, "1": 3.5}).no_spread
+
+
 def test_the_std_is_the_sample_one_the_population_one_times_sqrt_n_over_n_minus_1() -> None:
     values = [1.0, 2.0, 4.0]
     assert tables.mean_std(values) == tables.mean_std(values, ddof=1)  # the default
@@ -140,7 +154,8 @@ def test_a_claims_text_gives_the_interval_of_each_adjacent_pair_the_way_better_l
     # Assert
     assert pair == "by interval: tie (gain 2.00, 95% CI [-0.48, 4.48], 3 seeds)"
     assert chain == (
-        "by interval: b over a holds (gain 20.0, 95% CI [20.0, 20.0], 2 seeds); "
+        "by interval: b over a holds (gain 20.0 in each of 2 seeds: no spread, the t interval is that "
+        "point); "
         "c over b tie (gain 0.0, 95% CI [-63.5, 63.5], 2 seeds)"
     )
     with pytest.raises(ValueError, match="a claim of 3 rows needs their names"):
