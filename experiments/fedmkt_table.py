@@ -51,7 +51,9 @@ Each row at its own lr: ``--lrs 1e-4 2e-4 5e-4`` searches every run of ``--rows`
 setting asked for) at each lr on the validation split (every model is scored on it; the test split is not
 read) and writes ``sweep-lr-<config name>``, whose last line is the ``--row-lr fedmkt=... standalone=...``
 that runs the table with each row at its best lr (its runs ``<name>-lr<lr>-s<seed>``; the table says which
-rows trained at which lr). A row's lr is that of every model the row trains: the SLMs' ``train.lr`` and
+rows trained at which lr; a yes/no task's search says under its table what answering the commoner answer
+of each seed's validation questions scores, the mark its cells must pass). A row's lr is that of every
+model the row trains: the SLMs' ``train.lr`` and
 the LLM's ``fedmkt.llm_train.lr`` (the config keeps the two equal; the paper fixes them per model, 3e-5 for
 the LLM). A run's score is the mean of the scores of the models it trains: the LLM and every SLM for
 FedMKT, the SLMs for Standalone, SLMs + public CE and LLM2SLM (their LLM does not learn), the one model
@@ -289,7 +291,26 @@ def search_of(cfg: Any, args: Any, parser: argparse.ArgumentParser | None = None
         scale=1.0 if lower else 100.0,
     )
     names = list(searched(cfg, args.datasets, args.settings, args.rows))
-    return search.Search(cfg, names, args.lrs, score, search_label, row_of, own_key)
+    return search.Search(cfg, names, args.lrs, score, search_label, row_of, own_key, search_commoner)
+
+
+def shares_text(shares: Mapping[str, float], digits: int = 1) -> str:
+    """``53.1, 52.1, 59.4 in seeds 0, 1, 2`` (x 100) of seed -> share."""
+    seeds = sorted(shares, key=int)
+    values = ", ".join(f"{100 * shares[seed]:.{digits}f}" for seed in seeds)
+    return f"{values} in seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+
+
+def search_commoner(results: Mapping[str, Any]) -> list[str]:
+    """A search's line per yes/no dataset: what answering the commoner answer of the seed's validation
+    questions to every one of them scores (``commoner`` of the results, `commoner_shares`), the mark a
+    cell must pass before it says its row learned the task."""
+    return [
+        f"{dataset}: answering the commoner answer to every validation question scores "
+        f"{shares_text(shares, 2)} (one answer to every question scores that or its complement): a cell at "
+        "or below it is no sign its row learned the task."
+        for dataset, shares in results.get("commoner", {}).items()
+    ]
 
 
 def lr_label(key: str) -> str:
@@ -335,8 +356,18 @@ def lr_search(cfg: Any, args: Any, parser: argparse.ArgumentParser, root: Path, 
         return tables.over_seeds("score", {seed: v for seed, v in values.items() if v is not None})
 
     rows = searched(cfg, args.datasets, args.settings, args.rows)
+    validation = [*args.set, "data.eval_split=validation"]  # the split every searched run scores
+    shares = commoner_shares(args.config, validation, args.datasets, args.seeds)
     search.lr_search(
-        args, found, root, rows, command, summarise, at_lr, starts=lambda runs: pick_models(runs, args.models)
+        args,
+        found,
+        root,
+        rows,
+        command,
+        summarise,
+        at_lr,
+        starts=lambda runs: pick_models(runs, args.models),
+        reference={"commoner": shares} if shares else None,
     )
 
 
@@ -467,11 +498,9 @@ def against_commoner(table: dict[str, Any], names: list[str]) -> list[str]:
             values = table.get(row, {}).get(name, {})
             if row != "commoner" and tables.common_seeds([base, values]):
                 parts.append(f"{LABELS[row]} {tables.interval_texts([base, values], scale=100.0)[0]}")
-        seeds = sorted(base, key=int)
-        shares = ", ".join(f"{100 * base[seed]:.1f}" for seed in seeds)
         lines.append(
             f"- {'LLM' if name == 'llm' else name} against answering the commoner answer to every question "
-            f"({shares} in seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}): " + "; ".join(parts)
+            f"({shares_text(base)}): " + "; ".join(parts)
         )
     return lines
 

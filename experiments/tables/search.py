@@ -153,6 +153,8 @@ class Search:
     label: Callable[[str], str]
     row_of: Callable[[str], str]
     own_key: Callable[[str], str | None] | None = None  # `row_lr_line`'s
+    # lines under the table from the results (e.g. what a reference answer scores on the same draws)
+    notes: Callable[[Mapping[str, Any]], list[str]] | None = None
 
 
 def search_text(search: Search, results: Mapping[str, Any], command: str, seeds: int) -> str:
@@ -185,6 +187,9 @@ def search_text(search: Search, results: Mapping[str, Any], command: str, seeds:
     ]
     if any(fewer_seeds(result, seeds) for result in cells.values()):
         lines += ["", FEWER_SEEDS_NOTE]
+    notes = search.notes(results) if search.notes is not None else []
+    if notes:
+        lines += ["", *notes]
     line = row_lr_line(best, search.row_of, search.own_key)
     return "\n".join([*lines, *(["", line] if line else [])])
 
@@ -232,11 +237,13 @@ def lr_search(
     summarise: Callable[[list[Path]], dict[str, Any]],
     at_lr: AtLr = train_lr,
     starts: Callable[[Mapping[Path, Sequence[str]]], Mapping[Path, Sequence[str]]] | None = None,
+    reference: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (unless ``--table-only``) and write ``search``: ``rows`` (its keys -> their overrides) at its lrs
     (``at_lr``: how a row trains at an lr); ``summarise``: the table's, a row's run directories -> its
     values over seeds; ``starts``: the runs of those planned (run directory -> overrides) that start
-    (default every one; the others are read where they are). Returns the results.
+    (default every one; the others are read where they are); ``reference``: entries the results file
+    keeps beside the cells (what ``search.notes`` reads). Returns the results.
 
     With ``--keep-earlier`` a row and lr none of whose runs is here keeps what the previous file recorded,
     whole; one with some seeds' runs here takes the other seeds asked for from that file, seed by seed (a
@@ -253,6 +260,7 @@ def lr_search(
     }
     kept = keep_earlier_cells(args, results, stem, labels.__getitem__)
     results["best_lr"] = best_lrs(results, search.rows, search.lrs, search.score)
+    results.update(reference or {})
     text = search_text(search, results, command, len(args.seeds))
     text += closing_notes(runs.dirs, stem, args, **kept)
     write_table(stem, text, search.cfg.name, command, results, args)

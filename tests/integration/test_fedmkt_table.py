@@ -478,6 +478,48 @@ def test_lr_search_with_keep_earlier_keeps_rows_and_seeds_whose_runs_are_elsewhe
     assert "Seeds kept from the previous results file" in text and "FedMKT, wic one at lr 0.001: 0." in text
 
 
+def test_a_yes_no_search_names_what_the_commoner_validation_answer_scores(tmp_path: Path) -> None:
+    """A search of a yes/no task scored by accuracy says, under its table, what answering the commoner
+    answer of each seed's validation questions scores (the split every searched run scores, not test's),
+    and ``--render`` keeps it from the results file alone; a search scored otherwise says nothing."""
+    from fedtune.config import load_config as load
+    from fedtune.eval.metrics import commonest_answer
+    from fedtune.rundata import prepare_data
+
+    # Prepare: the previous search file holds the one cell (no run here)
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    earlier = {"lr0.001-wic-one-standalone": {"seeds": 1, "score": 0.5, "score_by_seed": {"0": 0.5}}}
+    (results_dir / "sweep-lr-fedmkt-tiny.json").write_text(json.dumps({"results": earlier}))
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--datasets", "wic", "--settings", "one", "--rows", "standalone", "--seeds", "0", "1"]
+    argv += ["--lrs", "0.001", "--set", "fed.rounds=1", "--table-only", "--keep-earlier"]
+    shares = []
+    for seed in (0, 1):
+        cfg = load(config, ["data.dataset=wordnet-wic", "data.eval_split=validation", f"seed={seed}"])
+        records = prepare_data(cfg).eval_records
+        found = commonest_answer([r.choices for r in records], [r.label for r in records])
+        assert found is not None
+        shares.append(f"{100 * found[1]:.2f}")
+    # Execute
+    fedmkt_table.main([*argv, "--set", "data.dataset=wordnet-wic", "--set", "eval.metrics=[acc]"])
+    # Assert
+    text = (results_dir / "sweep-lr-fedmkt-tiny.md").read_text()
+    assert (
+        f"wic: answering the commoner answer to every validation question scores {shares[0]}, {shares[1]} "
+        "in seeds 0, 1 (one answer to every question scores that or its complement)"
+    ) in text
+    recorded = json.loads((results_dir / "sweep-lr-fedmkt-tiny.json").read_text())["results"]
+    assert set(recorded["commoner"]["wic"]) == {"0", "1"}
+    fedmkt_table.main(
+        ["--render", str(results_dir / "sweep-lr-fedmkt-tiny.json"), "--results-dir", str(tmp_path)]
+    )
+    assert (tmp_path / "sweep-lr-fedmkt-tiny.md").read_text() == text
+    fedmkt_table.main([*argv, "--overwrite"])  # scored by perplexity: no commoner answer to name
+    assert "commoner" not in (results_dir / "sweep-lr-fedmkt-tiny.md").read_text()
+
+
 def test_row_lr_trains_every_model_of_a_row_at_its_lr_in_runs_of_its_own(tmp_path: Path) -> None:
     # Prepare
     cfg = load_config(ROOT / "configs" / "test" / "fedmkt-tiny.yaml")
