@@ -46,6 +46,10 @@ the settings do (a run's own overrides win): with ``name=`` it gives a table and
 own, e.g. for a larger LLM beside the same SLMs.
 With ``--keep-earlier`` a seed asked for whose run is not in ``--runs-dir`` keeps its value from the
 table's previous ``.json`` (cell by cell; runs here win), and the table names every seed so kept.
+``--shared-from table-<other>.json`` takes the Centralized and LLM-on-public seeds with no run here from
+another table's results file, where that table was made from the same config and ``--set`` (its ``name=``
+aside) at the same lrs: they are the same runs, one a model whatever the setting, so a setting's table of
+its own name (one-to-one, homogeneous) need not run them again; the table names them.
 
 Each row at its own lr: ``--lrs 1e-4 2e-4 5e-4`` searches every run of ``--rows`` (in each dataset and
 setting asked for) at each lr on the validation split (every model is scored on it; the test split is not
@@ -68,9 +72,12 @@ row's) is not the SLMs'; the search does not search B.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -514,18 +521,31 @@ def tabulate(
     earlier: dict[str, Any] | None = None,
     own: Mapping[str, float] | None = None,
     commoner: Mapping[str, Mapping[str, float]] | None = None,
+    shared: Shared | None = None,
 ) -> dict[str, Any]:
     """The tables' values: ``<dataset>-<setting>`` -> row -> column -> seed -> value (and ``carried``:
     ``<dataset>-<setting>`` -> row -> the seeds kept from ``earlier``; ``row_lr``: ``own``, the rows at
     their own lr). ``commoner`` (dataset -> seed -> share, `commoner_shares`) gives a dataset the
     reference row ``commoner``: what answering its commoner answer to every question scores, in every
-    model's column."""
+    model's column. ``shared`` (`shared_cells`, ``--shared-from``) fills the seeds of the rows the
+    settings share that have no run here (``shared``: ``<dataset>-<setting>`` -> row -> those seeds, and
+    ``shared_from``: the file)."""
     results: dict[str, Any] = {}
     carried: dict[str, dict[str, list[str]]] = {}
+    from_other: dict[str, dict[str, list[str]]] = {}
     for dataset in datasets:
         for setting in chosen:
             key = f"{dataset}-{setting}"
             table = collect(cfg, Runs(root, dataset, setting, seeds, metric_of(cfg, dataset), own or {}))
+            if shared is not None:  # before --keep-earlier: runs here, then the shared runs, then earlier
+                wanted = {"llm", *slms(cfg, setting)}
+                cells = {
+                    row: {model: by_seed for model, by_seed in columns.items() if model in wanted}
+                    for row, columns in shared.cells.get(dataset, {}).items()
+                }
+                added = tables.fill_cells(table, cells, map(str, seeds))
+                if added:
+                    from_other[key] = added
             if earlier is not None:
                 here = {model: set(cell) for model, cell in table.get("centralized", {}).items()}
                 # the reference is no run: made afresh below, never carried
@@ -560,12 +580,67 @@ def tabulate(
             results[key] = table
     if carried:
         results["carried"] = carried
+    if from_other and shared is not None:
+        results["shared"], results["shared_from"] = from_other, shared.name
     if own:
         results["row_lr"] = dict(own)
     return results
 
 
-NOT_TABLES = ("carried", "row_lr")  # the keys of `tabulate`'s results that are no dataset and setting
+NOT_TABLES = ("carried", "row_lr", "shared", "shared_from")  # `tabulate`'s keys of no dataset and setting
+SHARED_ROWS = ("centralized", "llmpublic")  # one run each, the same in every setting (`runs`)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """``--shared-from``: another table's results file (``name``) and its cells of the rows the settings
+    share, dataset -> row -> column -> seed -> value."""
+
+    name: str
+    cells: dict[str, dict[str, dict[str, dict[str, float]]]]
+
+
+def shared_cells(
+    path: Path, parser: argparse.ArgumentParser, args: Any, own: Mapping[str, float] | None
+) -> Shared:
+    """The Centralized and LLM-on-public cells of another FedMKT table's results file ``path``: the same
+    runs as this table's (each is one run a model, whatever the setting) where that table was made from
+    the same config with the same ``--set`` (its ``name=`` aside) and trained those rows at the lr this
+    one asks for; anything else is refused, naming what differs."""
+    try:
+        record = json.loads(path.read_text())
+        command, results = str(record["command"]), record["results"]
+        theirs = parser.parse_args(shlex.split(command)[2:])
+    except (OSError, ValueError, KeyError, TypeError, SystemExit) as error:
+        raise SystemExit(f"--shared-from {path}: not a FedMKT table's results file ({error})") from error
+
+    def sets(given: Sequence[str]) -> list[str]:
+        return sorted(s for s in given if not s.startswith("name="))
+
+    if Path(theirs.config).name != Path(args.config).name or sets(theirs.set) != sets(args.set):
+        raise SystemExit(
+            f"--shared-from {path}: made from {theirs.config} with --set {sets(theirs.set)}, this table "
+            f"from {args.config} with --set {sets(args.set)} (name= aside): its runs are not this table's"
+        )
+    then = results.get("row_lr", {})
+    cells: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for key, table in results.items():
+        dataset = key.split("-", 1)[0]
+        if key in NOT_TABLES or dataset not in args.datasets or not isinstance(table, dict):
+            continue
+        for row in SHARED_ROWS:
+            for model, by_seed in table.get(row, {}).items():
+                name = f"{dataset}-{row}" if row == "llmpublic" else f"{dataset}-centralized-{model}"
+                if own_lr(name, then) != own_lr(name, own):
+                    label = lr_label(f"centralized-{model}") if row == "centralized" else LABELS[row]
+                    raise SystemExit(
+                        f"--shared-from {path}: its {dataset} {label} trained at lr "
+                        f"{own_lr(name, then)}, this table asks for {own_lr(name, own)} (None: the "
+                        "config's): give this table's --row-lr that lr, or run the row here"
+                    )
+                cell = cells.setdefault(dataset, {}).setdefault(row, {}).setdefault(model, {})
+                cell.update({seed: v for seed, v in by_seed.items() if seed not in cell})
+    return Shared(path.name, cells)
 
 
 def commoner_shares(
@@ -659,6 +734,18 @@ def markdown(
                     else []
                 ),
                 *(f"  - {LABELS[row]}: {', '.join(kept)}" for row, kept in carried.get(key, {}).items()),
+                *(
+                    [
+                        f"- Seeds of the runs the settings share taken from {results.get('shared_from')} "
+                        f"(the same runs: same config, --set and lr; not in {root}):"
+                    ]
+                    if key in results.get("shared", {})
+                    else []
+                ),
+                *(
+                    f"  - {LABELS[row]}: {', '.join(got)}"
+                    for row, got in results.get("shared", {}).get(key, {}).items()
+                ),
                 "",
             ]
     parts.append(f"Command: `{command}`")
@@ -734,6 +821,15 @@ def main(argv: list[str] | None = None) -> None:
         help="start only these models' Centralized runs (llm, or an SLM's name; default every one): a "
         "Centralized run is one model's, so a search or a table can run some models and keep the others",
     )
+    parser.add_argument(
+        "--shared-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="take the seeds of the Centralized and LLM-on-public rows (one run a model, the same in every "
+        "setting) that have no run here from another FedMKT table's results file made from the same "
+        "config and --set (name= aside) at the same lrs, e.g. the heterogeneous table's for a one-to-one "
+        "table of its own name; the table names them",
+    )
     tables.row_lr_option(parser, "fedmkt=0.0001")
     search.lrs_option(parser)
     args = tables.parse_args(parser, argv)
@@ -759,7 +855,8 @@ def main(argv: list[str] | None = None) -> None:
     picked = pick_models(pick_rows(jobs, args.rows), args.models)
     tables.start(args, {root / name: overrides for name, overrides in picked.items()})
     shares = commoner_shares(args.config, args.set, args.datasets, args.seeds)
-    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own, shares)
+    shared = None if args.shared_from is None else shared_cells(args.shared_from, parser, args, own)
+    results = tabulate(cfg, root, args.datasets, args.settings, args.seeds, earlier, own, shares, shared)
     text = markdown(cfg, results, args.datasets, args.settings, root, command)
     text += tables.closing_notes({"every run": [root / name for name in jobs]}, stem, args)
     tables.write_table(stem, text, str(args.config), command, results, args)

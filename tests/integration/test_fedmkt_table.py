@@ -4,6 +4,7 @@ its machine-readable results."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -518,6 +519,62 @@ def test_a_yes_no_search_names_what_the_commoner_validation_answer_scores(tmp_pa
     assert (tmp_path / "sweep-lr-fedmkt-tiny.md").read_text() == text
     fedmkt_table.main([*argv, "--overwrite"])  # scored by perplexity: no commoner answer to name
     assert "commoner" not in (results_dir / "sweep-lr-fedmkt-tiny.md").read_text()
+
+
+def test_shared_from_takes_the_shared_rows_seeds_from_another_tables_file_where_no_run_is_here(
+    tmp_path: Path,
+) -> None:
+    """``--shared-from``: the Centralized and LLM-on-public cells of a table made with the same config and
+    --set (its name aside) fill the seeds with no run here (a run here wins), only for the models of this
+    table's setting; the table names them, ``--render`` keeps them; another --set or another lr is
+    refused, naming what differs."""
+    # Prepare: the heterogeneous table's file (two SLMs), this one-to-one table's FedMKT run and the
+    # LLM's Centralized run of seed 0
+    config = ROOT / "configs" / "test" / "fedmkt-tiny.yaml"
+    clients = yaml.safe_load(config.read_text())["fedmkt"]["clients"]
+    slm, other = clients[0], "another-slm"
+    runs, results_dir = tmp_path / "runs" / "fedmkt-tiny", tmp_path / "results"
+    _fake_fedmkt_run(runs / "wic-one-fedmkt-s0", 20.0, 30.0, lr=0.001, clients=slm)
+    _fake_fedmkt_run(runs / "wic-centralized-llm-s0", 50.0, lr=0.001, clients=slm)
+    hetero = {
+        "centralized": {"llm": {"0": 5.0, "1": 6.0}, slm: {"0": 8.0, "1": 9.0}, other: {"0": 1.0}},
+        "llmpublic": {"llm": {"0": 7.0}},
+        "standalone": {slm: {"0": 2.0}},  # no shared row: never taken
+    }
+    theirs = tmp_path / "table-hetero.json"
+
+    def write(sets: str, row_lr: dict[str, float]) -> None:
+        command = f"python experiments/fedmkt_table.py {config} --settings hetero2 {sets}"
+        results = {"wic-hetero2": hetero, "row_lr": row_lr}
+        theirs.write_text(json.dumps({"command": command, "results": results}))
+
+    write("--set name=hetero --set fed.rounds=1", {})
+    argv = [str(config), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(results_dir)]
+    argv += ["--settings", "one", "--datasets", "wic", "--seeds", "0", "1", "--table-only"]
+    argv += ["--set", "fed.rounds=1", "--shared-from", str(theirs)]
+    # Execute
+    fedmkt_table.main(argv)
+    # Assert
+    saved = json.loads((results_dir / "table-fedmkt-tiny.json").read_text())["results"]
+    table = saved["wic-one"]
+    assert table["centralized"] == {"llm": {"0": 50.0, "1": 6.0}, slm: {"0": 8.0, "1": 9.0}}
+    assert table["llmpublic"] == {"llm": {"0": 7.0}} and "standalone" not in table
+    assert saved["shared"] == {"wic-one": {"centralized": ["0", "1"], "llmpublic": ["0"]}}
+    text = (results_dir / "table-fedmkt-tiny.md").read_text()
+    assert "- Seeds of the runs the settings share taken from table-hetero.json (the same runs" in text
+    assert "  - Centralized: 0, 1\n  - LLM on public set: 0\n" in text
+    fedmkt_table.main(
+        ["--render", str(results_dir / "table-fedmkt-tiny.json"), "--results-dir", str(tmp_path)]
+    )
+    assert (tmp_path / "table-fedmkt-tiny.md").read_text() == text
+    write("--set name=hetero --set fed.rounds=2", {})
+    with pytest.raises(SystemExit, match="its runs are not this table's"):
+        fedmkt_table.main([*argv, "--overwrite"])
+    write("--set fed.rounds=1", {"centralized": 0.01})
+    with pytest.raises(
+        SystemExit, match=re.escape("wic Centralized (llm) trained at lr 0.01, this table asks for None")
+    ):
+        fedmkt_table.main([*argv, "--overwrite"])
 
 
 def test_row_lr_trains_every_model_of_a_row_at_its_lr_in_runs_of_its_own(tmp_path: Path) -> None:
