@@ -74,7 +74,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -610,7 +609,7 @@ def shared_cells(
     try:
         record = json.loads(path.read_text())
         command, results = str(record["command"]), record["results"]
-        theirs = parser.parse_args(shlex.split(command)[2:])
+        theirs = tables.command_args(command, parser)
     except (OSError, ValueError, KeyError, TypeError, SystemExit) as error:
         raise SystemExit(f"--shared-from {path}: not a FedMKT table's results file ({error})") from error
 

@@ -54,7 +54,7 @@ from experiments.tables.notes import (
     rejected_replies,
     run_notes,
 )
-from experiments.tables.render import Recorded, Renderer, render, stamp_of
+from experiments.tables.render import Recorded, Renderer, command_args, render, stamp_of
 from experiments.tables.runs import (
     RESULTS_DIR,
     Plan,
@@ -114,6 +114,7 @@ __all__ = [
     "check",
     "claim_text",
     "closing_notes",
+    "command_args",
     "command_line",
     "common_seeds",
     "dropped_values",

@@ -37,6 +37,12 @@ def stamp_of(recorded: Recorded) -> str | None:
     return None if line is None else line.removeprefix(head)
 
 
+def command_args(command: str, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The options of a results file's recorded ``command`` (``python <script> ...``), parsed by
+    ``parser`` (the script's own)."""
+    return parser.parse_args(shlex.split(command)[2:])  # after "python <script>"
+
+
 def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, Renderer], out: Path) -> Path:
     """``--render``: rewrite the .md of the results file ``path`` into the directory ``out``, from the
     file's numbers alone. Its recorded command gives the options (parsed by ``parser``); the renderer is
@@ -49,7 +55,7 @@ def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, 
     record = json.loads(path.read_text())
     command = str(record["command"])
     try:
-        args = parser.parse_args(shlex.split(command)[2:])  # after "python <script>"
+        args = command_args(command, parser)
     except SystemExit as error:
         raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
     if args.config is not None and not args.config.is_absolute():  # as given in the checkout's root
