@@ -16,6 +16,8 @@ subprocess, ``fedtune eval RUN --variant V --max-examples N --output reeval-<var
 (its output in ``<run dir>.reeval.log``), ``--jobs`` at a time with one thread each; a file already there is
 kept, so rerunning resumes. ``reeval-<runs dir name>-<split><N>`` (.md, .json) in ``--results-dir``
 holds each row's values per seed, mean ± sample std, the claims, and the seconds each evaluation took.
+``--render RESULTS_JSON`` writes that .md again from the .json alone (no run directory is read), so a
+change in how a claim reads reaches a committed file.
 """
 
 from __future__ import annotations
@@ -175,15 +177,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("runs_dir", type=Path, help="the directory holding the runs (<row>-s<seed>)")
     parser.add_argument(
-        "--rows", nargs="+", required=True, help="run names without -s<seed>; the first is claimed best"
+        "runs_dir", type=Path, nargs="?", help="the directory holding the runs (<row>-s<seed>)"
+    )
+    parser.add_argument(
+        "--rows", nargs="+", help="run names without -s<seed>; the first is claimed best (required)"
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument(
         "--variants", nargs="+", default=[None], help="final-model variants (e.g. adapfu adapemu)"
     )
-    parser.add_argument("--max-examples", type=int, required=True)
+    parser.add_argument("--max-examples", type=int, help="examples scored a seed (required)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--jobs", type=int, default=1, help="evaluations at once, one thread each")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
@@ -193,7 +197,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="write the results even where they drop values recorded before",
     )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="rewrite the .md of this results file from its numbers alone, into --results-dir: nothing is "
+        "run or read but the .json (its recorded command gives the options)",
+    )
     args = parser.parse_args(argv)
+    if args.render is not None:
+        print(render(args.render, parser, args.results_dir))
+        return
+    absent = [name for name in ("runs_dir", "rows", "max_examples") if getattr(args, name) is None]
+    if absent:
+        parser.error(f"these are required but with --render: {', '.join(absent)}")
     missing = [
         f"{row}-s{seed}"
         for row in args.rows
@@ -220,6 +237,28 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.results_dir / f"reeval-{args.runs_dir.name}-{args.split}{args.max_examples}"
     text = markdown(results, args.rows, args, command)
     tables.write_table(stem, text, args.runs_dir.name, command, results, args)
+
+
+def render(path: Path, parser: argparse.ArgumentParser, out: Path) -> Path:
+    """``--render``: the .md of the results file ``path`` written again into ``out`` from the file's own
+    numbers and the options of the command it records (a change in how claims read reaches it so)."""
+    record = json.loads(path.read_text())
+    command = str(record["command"])
+    try:
+        args = tables.command_args(command, parser)
+    except SystemExit as error:
+        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+    if args.runs_dir is None or not args.rows or args.max_examples is None:
+        raise SystemExit(f"{path}: its command names no runs directory, rows or --max-examples: {command}")
+    try:
+        text = markdown(record["results"], args.rows, args, command)
+    except (KeyError, TypeError, ValueError) as error:
+        why = f"{type(error).__name__}: {error}"
+        raise SystemExit(f"{path}: these results lack what the file shows today ({why})") from error
+    target = out / path.with_suffix(".md").name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
 
 
 if __name__ == "__main__":

@@ -61,3 +61,43 @@ def test_an_unfinished_run_is_not_scored(tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text("")
     with pytest.raises(RuntimeError, match="not a finished run"):
         reeval.evaluate(run, "adapfu", "test", 10)
+
+
+def test_render_writes_the_md_again_from_the_json_alone(tmp_path: Path) -> None:
+    # Prepare: a results file whose rows tie in every seed (gain 0 each time), its runs gone
+    runs = tmp_path / "fedbiot-code"
+    for seed in range(3):
+        _scored(runs, "best", seed, {"pass_at_1": 0.2})
+        _scored(runs, "other", seed, {"pass_at_1": 0.2})
+    made = tmp_path / "made"
+    reeval.main(
+        [
+            *(str(runs), "--rows", "best", "other", "--seeds", "0", "1", "2", "--variants", "adapfu"),
+            *("--max-examples", "10", "--results-dir", str(made), "--table-only"),
+        ]
+    )
+    for seed in range(3):
+        for row in ("best", "other"):
+            (runs / f"{row}-s{seed}" / reeval.output_name("adapfu", "test", 10)).unlink()
+    # Execute
+    out = tmp_path / "again"
+    reeval.main(["--render", str(made / "reeval-fedbiot-code-test10.json"), "--results-dir", str(out)])
+    # Assert: the same text, the tie read as having no spread
+    text = (out / "reeval-fedbiot-code-test10.md").read_text()
+    assert text == (made / "reeval-fedbiot-code-test10.md").read_text()
+    assert "best over other: tie (gain 0.00 in each of 3 seeds: no spread" in text
+
+
+def test_the_committed_reeval_file_renders_from_its_json_byte_for_byte(tmp_path: Path) -> None:
+    results = Path(__file__).resolve().parents[2] / "experiments" / "results"
+    name = "reeval-fedbiot-code-k30-test164"
+    reeval.main(["--render", str(results / f"{name}.json"), "--results-dir", str(tmp_path)])
+    assert (tmp_path / f"{name}.md").read_bytes() == (results / f"{name}.md").read_bytes()
+
+
+def test_without_render_the_runs_rows_and_examples_are_required(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        reeval.main([str(tmp_path), "--table-only"])
+    assert "required but with --render: rows, max_examples" in capsys.readouterr().err
