@@ -242,12 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 def render(path: Path, parser: argparse.ArgumentParser, out: Path) -> Path:
     """``--render``: the .md of the results file ``path`` written again into ``out`` from the file's own
     numbers and the options of the command it records (a change in how claims read reaches it so)."""
-    record = json.loads(path.read_text())
-    command = str(record["command"])
-    try:
-        args = tables.command_args(command, parser)
-    except SystemExit as error:
-        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+    record, command, args = tables.recorded_command(path, parser)
     if args.runs_dir is None or not args.rows or args.max_examples is None:
         raise SystemExit(f"{path}: its command names no runs directory, rows or --max-examples: {command}")
     try:
@@ -255,10 +250,7 @@ def render(path: Path, parser: argparse.ArgumentParser, out: Path) -> Path:
     except (KeyError, TypeError, ValueError) as error:
         why = f"{type(error).__name__}: {error}"
         raise SystemExit(f"{path}: these results lack what the file shows today ({why})") from error
-    target = out / path.with_suffix(".md").name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
+    return tables.write_rendered(path, out, text)
 
 
 if __name__ == "__main__":

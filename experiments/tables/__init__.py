@@ -54,7 +54,15 @@ from experiments.tables.notes import (
     rejected_replies,
     run_notes,
 )
-from experiments.tables.render import Recorded, Renderer, command_args, render, stamp_of
+from experiments.tables.render import (
+    Recorded,
+    Renderer,
+    command_args,
+    recorded_command,
+    render,
+    stamp_of,
+    write_rendered,
+)
 from experiments.tables.runs import (
     RESULTS_DIR,
     Plan,
@@ -144,6 +152,7 @@ __all__ = [
     "plan",
     "plus_minus",
     "read_rows",
+    "recorded_command",
     "refuse_lr_mix",
     "rejected_note",
     "rejected_replies",
@@ -170,5 +179,6 @@ __all__ = [
     "train_lr",
     "trained_rows",
     "verdict",
+    "write_rendered",
     "write_table",
 ]

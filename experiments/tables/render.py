@@ -43,6 +43,25 @@ def command_args(command: str, parser: argparse.ArgumentParser) -> argparse.Name
     return parser.parse_args(shlex.split(command)[2:])  # after "python <script>"
 
 
+def recorded_command(path: Path, parser: argparse.ArgumentParser) -> tuple[Any, str, argparse.Namespace]:
+    """The results file ``path``'s record, its recorded command and that command's options (``parser``),
+    refusing a command that no longer parses."""
+    record = json.loads(path.read_text())
+    command = str(record["command"])
+    try:
+        return record, command, command_args(command, parser)
+    except SystemExit as error:
+        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+
+
+def write_rendered(path: Path, out: Path, text: str) -> Path:
+    """The rendered ``text`` written as the .md of the results file ``path``, in the directory ``out``."""
+    target = out / path.with_suffix(".md").name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text if text.endswith("\n") else text + "\n")
+    return target
+
+
 def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, Renderer], out: Path) -> Path:
     """``--render``: rewrite the .md of the results file ``path`` into the directory ``out``, from the
     file's numbers alone. Its recorded command gives the options (parsed by ``parser``); the renderer is
@@ -52,12 +71,7 @@ def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, 
     prefixes = [prefix for prefix in renderers if path.name.startswith(prefix)]
     if not prefixes:
         raise SystemExit(f"{path}: no table of this script is named so (one of {', '.join(renderers)}*)")
-    record = json.loads(path.read_text())
-    command = str(record["command"])
-    try:
-        args = command_args(command, parser)
-    except SystemExit as error:
-        raise SystemExit(f"{path}: its command no longer parses (above): {command}") from error
+    record, command, args = recorded_command(path, parser)
     if args.config is not None and not args.config.is_absolute():  # as given in the checkout's root
         args.config = RESULTS_DIR.parents[1] / args.config
     before = path.with_suffix(".md")
@@ -68,7 +82,4 @@ def render(path: Path, parser: argparse.ArgumentParser, renderers: Mapping[str, 
     except (KeyError, TypeError, ValueError) as error:
         why = f"{type(error).__name__}: {error}"
         raise SystemExit(f"{path}: these results lack what the table shows today ({why})") from error
-    target = out / before.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text if text.endswith("\n") else text + "\n")
-    return target
+    return write_rendered(path, out, text)
