@@ -460,6 +460,13 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
                 f"- What the LLM's knowledge adds to {name}: SLMs + public CE {100 * ce:.1f} vs FedMKT "
                 f"{100 * mkt:.1f}{note}; {tables.claim_text(control, scale=100.0)}"
             )
+        frozen, note = tables.on_common_seeds([column("llm2slm", name), column("fedmkt", name)])
+        if all(frozen):  # the one-to-one table's claim: the SLM gains more when the LLM learns too
+            alone, mkt = (mean(values) for values in frozen)
+            lines.append(
+                f"- FedMKT over LLM2SLM (the LLM frozen) for {name}: LLM2SLM {100 * alone:.1f} vs FedMKT "
+                f"{100 * mkt:.1f}{note}; {tables.claim_text(frozen, scale=100.0)}"
+            )
     columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):
         claim = tables.check(columns)

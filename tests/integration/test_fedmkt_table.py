@@ -171,6 +171,22 @@ def test_the_control_row_says_what_the_llms_knowledge_adds_to_each_slm() -> None
     assert fedmkt_table.ordering(table, ["s"]) == []
 
 
+def test_the_one_to_one_table_checks_fedmkt_over_llm2slm_by_interval() -> None:
+    """The paper's Table 4 claims FedMKT's SLM above LLM2SLM's (the LLM frozen): the table says whether
+    that holds, paired over seeds."""
+    table = {
+        "llm2slm": {"s": {"0": 0.50, "1": 0.52, "2": 0.49}},
+        "fedmkt": {"s": {"0": 0.55, "1": 0.56, "2": 0.55}, "llm": {"0": 0.4, "1": 0.4, "2": 0.4}},
+    }
+    # gains x 100: 5, 4, 6 (mean 5, sd 1); t(2 df, 0.975) = 4.303, half width 4.303 / sqrt(3) = 2.48
+    assert fedmkt_table.ordering(table, ["s"]) == [
+        "- FedMKT over LLM2SLM (the LLM frozen) for s: LLM2SLM 50.3 vs FedMKT 55.3; by interval: holds "
+        "(gain 5.00, 95% CI [2.52, 7.48], 3 seeds)"
+    ]
+    del table["llm2slm"]
+    assert fedmkt_table.ordering(table, ["s"]) == []
+
+
 def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
     results_dir = tmp_path / "results"
     results_dir.mkdir()
