@@ -453,20 +453,18 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
                 f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim) + f"; {noise}"
             )
-        control, note = tables.on_common_seeds([column("slmpublic", name), column("fedmkt", name)])
-        if all(control):
-            ce, mkt = (mean(values) for values in control)
-            lines.append(
-                f"- What the LLM's knowledge adds to {name}: SLMs + public CE {100 * ce:.1f} vs FedMKT "
-                f"{100 * mkt:.1f}{note}; {tables.claim_text(control, scale=100.0)}"
-            )
-        frozen, note = tables.on_common_seeds([column("llm2slm", name), column("fedmkt", name)])
-        if all(frozen):  # the one-to-one table's claim: the SLM gains more when the LLM learns too
-            alone, mkt = (mean(values) for values in frozen)
-            lines.append(
-                f"- FedMKT over LLM2SLM (the LLM frozen) for {name}: LLM2SLM {100 * alone:.1f} vs FedMKT "
-                f"{100 * mkt:.1f}{note}; {tables.claim_text(frozen, scale=100.0)}"
-            )
+        # FedMKT against the row without the LLM's knowledge, and (one-to-one) against the LLM frozen
+        for row, claim_of in (
+            ("slmpublic", f"What the LLM's knowledge adds to {name}: SLMs + public CE"),
+            ("llm2slm", f"FedMKT over LLM2SLM (the LLM frozen) for {name}: LLM2SLM"),
+        ):
+            paired, note = tables.on_common_seeds([column(row, name), column("fedmkt", name)])
+            if all(paired):
+                other, mkt = (mean(values) for values in paired)
+                lines.append(
+                    f"- {claim_of} {100 * other:.1f} vs FedMKT {100 * mkt:.1f}{note}; "
+                    f"{tables.claim_text(paired, scale=100.0)}"
+                )
     columns, note = tables.on_common_seeds([column("zeroshot", "llm"), column("fedmkt", "llm")])
     if all(columns):
         claim = tables.check(columns)
