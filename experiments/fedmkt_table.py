@@ -453,9 +453,11 @@ def ordering(table: dict[str, Any], names: list[str]) -> list[str]:
                 f"- {name}: Zero-shot {100 * zero:.1f} < Standalone {100 * alone:.1f} < FedMKT "
                 f"{100 * mkt:.1f}{note}: **{claim.verdict}**" + seeds_note(claim) + f"; {noise}"
             )
-        # FedMKT against the row without the LLM's knowledge, and (one-to-one) against the LLM frozen
+        # FedMKT against the row without the LLM's knowledge, (homogeneous) against FedAvg, and
+        # (one-to-one) against the LLM frozen
         for row, claim_of in (
             ("slmpublic", f"What the LLM's knowledge adds to {name}: SLMs + public CE"),
+            ("fedavg", f"FedMKT over FedAvg for {name}: FedAvg"),
             ("llm2slm", f"FedMKT over LLM2SLM (the LLM frozen) for {name}: LLM2SLM"),
         ):
             paired, note = tables.on_common_seeds([column(row, name), column("fedmkt", name)])

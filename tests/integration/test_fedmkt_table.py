@@ -187,6 +187,22 @@ def test_the_one_to_one_table_checks_fedmkt_over_llm2slm_by_interval() -> None:
     assert fedmkt_table.ordering(table, ["s"]) == []
 
 
+def test_the_homogeneous_table_checks_fedmkt_over_fedavg_by_interval() -> None:
+    """The paper's Table 3 claims FedMKT's SLMs above FedAvg's (the SLMs averaged, no LLM): the table says
+    whether that holds, paired over seeds."""
+    table = {
+        "fedavg": {"s": {"0": 0.50, "1": 0.52, "2": 0.49}},
+        "fedmkt": {"s": {"0": 0.51, "1": 0.50, "2": 0.53}, "llm": {"0": 0.4, "1": 0.4, "2": 0.4}},
+    }
+    # gains x 100: 1, -2, 4 (mean 1, sd 3); t(2 df, 0.975) = 4.303, half width 4.303 * 3 / sqrt(3) = 7.45
+    assert fedmkt_table.ordering(table, ["s"]) == [
+        "- FedMKT over FedAvg for s: FedAvg 50.3 vs FedMKT 51.3; by interval: tie "
+        "(gain 1.00, 95% CI [-6.45, 8.45], 3 seeds)"
+    ]
+    del table["fedavg"]
+    assert fedmkt_table.ordering(table, ["s"]) == []
+
+
 def test_table_only_keeps_earlier_seeds_and_names_them(tmp_path: Path) -> None:
     results_dir = tmp_path / "results"
     results_dir.mkdir()
