@@ -304,6 +304,7 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedmkt_table", "sweep-lr-fedmkt-wic-r5-lr-one"),
         ("fedmkt_table", "table-fedmkt-wic-r5-lr-one"),
         ("fedmkt_table", "rounds-fedmkt-wic-r5-lr-one"),
+        ("fedmkt_table", "sweep-lr-fedmkt-wic-r5-lr-homo"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("fedpt_table", "table-fedpt-smollm2-lr"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2"),
