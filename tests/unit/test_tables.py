@@ -305,6 +305,8 @@ def test_render_names_the_file_it_cannot_render(tmp_path: Path) -> None:
         ("fedmkt_table", "table-fedmkt-wic-r5-lr-one"),
         ("fedmkt_table", "rounds-fedmkt-wic-r5-lr-one"),
         ("fedmkt_table", "sweep-lr-fedmkt-wic-r5-lr-homo"),
+        ("fedmkt_table", "table-fedmkt-wic-r5-lr-homo"),
+        ("fedmkt_table", "rounds-fedmkt-wic-r5-lr-homo"),
         ("fedpt_table", "table-fedpt-smollm2"),
         ("fedpt_table", "table-fedpt-smollm2-lr"),
         ("fedpt_table", "sweep-lr-fedpt-smollm2"),
